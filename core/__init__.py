@@ -1,0 +1,1 @@
+"""Kiln's pipeline: load, capture, partition, profile, search, evaluate, integrate."""

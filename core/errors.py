@@ -1,0 +1,32 @@
+"""Errors a user can fix: they carry what went wrong and how to fix it.
+
+Every command-line entry point turns a `KilnInputError` into one message on stderr and exit
+code 2, with no traceback. Anything else is a bug in Kiln and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import NoReturn
+
+EXIT_BAD_INPUT = 2
+
+
+class KilnInputError(Exception):
+    """Bad input from the user: a spec, a file, a flag or a model that Kiln cannot use."""
+
+    def __init__(self, problem: str, fix: str) -> None:
+        super().__init__(f"{problem}\n  fix: {fix}")
+        self.problem = problem
+        self.fix = fix
+
+
+def exit_on_input_error(main: Callable[[], int]) -> NoReturn:
+    """Run a CLI `main`; a `KilnInputError` becomes one message and exit code 2."""
+    try:
+        code = main()
+    except KilnInputError as err:
+        print(f"kiln: error: {err}", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+    sys.exit(code)

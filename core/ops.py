@@ -1,0 +1,226 @@
+"""What each captured op is: its canonical name, its kind, and how to make it out-of-place.
+
+Graphs captured by torch.compile speak torch's Python-level API, where one op has many
+spellings (`a + b`, `torch.add`, `a.add`, `a.add_`, `a += b`). This registry folds them into one
+canonical name and a kind that partitioning understands. Anything not listed is `OTHER` and
+stays with PyTorch.
+"""
+
+from __future__ import annotations
+
+import enum
+import operator
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+
+
+class OpKind(enum.Enum):
+    POINTWISE = "pointwise"
+    REDUCTION = "reduction"
+    MATMUL = "matmul"
+    CONV = "conv"
+    ATTENTION = "attention"
+    VIEW = "view"  # aliases, layout and identity ops: free, kept with PyTorch
+    OTHER = "other"
+
+
+POINTWISE_NAMES = frozenset(
+    """abs acos acosh add addcdiv addcmul asin asinh atan atan2 atanh bitwise_and bitwise_not
+    bitwise_or bitwise_xor ceil celu clamp clamp_max clamp_min clip cos cosh div divide elu eq
+    erf erfc erfinv exp exp2 expm1 floor floor_divide fmod frac ge gelu greater gt hardshrink
+    hardsigmoid hardswish hardtanh le leaky_relu lerp less log log10 log1p log2 logical_and
+    logical_not logical_or logical_xor logit logsigmoid lt masked_fill maximum minimum mish mul
+    multiply nan_to_num ne neg negative pow reciprocal relu relu6 remainder round rrelu rsqrt rsub
+    selu sigmoid sign silu sin sinh softplus softshrink softsign sqrt square sub subtract tan
+    tanh tanhshrink threshold true_divide trunc where xlogy float half bfloat16 double to
+    type_as""".split()
+)
+REDUCTION_NAMES = frozenset(
+    """sum mean amax amin prod var std logsumexp softmax log_softmax layer_norm rms_norm
+    group_norm batch_norm instance_norm normalize norm""".split()
+)
+MATMUL_NAMES = frozenset("linear matmul mm bmm addmm baddbmm addmv".split())
+CONV_NAMES = frozenset(
+    "conv1d conv2d conv3d conv_transpose1d conv_transpose2d conv_transpose3d".split()
+)
+ATTENTION_NAMES = frozenset({"scaled_dot_product_attention"})
+VIEW_NAMES = frozenset(
+    """view reshape permute transpose t unsqueeze squeeze flatten unflatten expand expand_as
+    view_as reshape_as contiguous getitem split chunk narrow select unbind movedim swapaxes
+    detach dropout alpha_dropout feature_alpha_dropout dropout1d dropout2d dropout3d
+    identity""".split()
+)
+
+_OPERATOR_NAMES = {
+    operator.add: "add",
+    operator.sub: "sub",
+    operator.mul: "mul",
+    operator.truediv: "div",
+    operator.floordiv: "floor_divide",
+    operator.mod: "remainder",
+    operator.pow: "pow",
+    operator.neg: "neg",
+    operator.eq: "eq",
+    operator.ne: "ne",
+    operator.lt: "lt",
+    operator.le: "le",
+    operator.gt: "gt",
+    operator.ge: "ge",
+    operator.and_: "bitwise_and",
+    operator.or_: "bitwise_or",
+    operator.xor: "bitwise_xor",
+    operator.invert: "bitwise_not",
+    operator.matmul: "matmul",
+    operator.getitem: "getitem",
+}
+# In-place operators and the out-of-place operator each one becomes.
+INPLACE_OPERATORS = {
+    operator.iadd: operator.add,
+    operator.isub: operator.sub,
+    operator.imul: operator.mul,
+    operator.itruediv: operator.truediv,
+    operator.ifloordiv: operator.floordiv,
+    operator.imod: operator.mod,
+    operator.ipow: operator.pow,
+    operator.iand: operator.and_,
+    operator.ior: operator.or_,
+    operator.ixor: operator.xor,
+}
+# Modules whose functions may be spelled by their short name in a problem file.
+_FUNCTION_HOMES = (
+    ("torch.nn.functional", F),
+    ("torch", torch),
+    ("torch.special", torch.special),
+    ("torch.nn.functional", torch._C._nn),
+)
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    name: str  # canonical name, e.g. "add" for `a + b`, `torch.add`, `a.add`
+    kind: OpKind
+    inplace: bool  # mutates its first argument
+
+
+def function_name(target: object) -> str | None:
+    """The short public name of a torch function or operator, or None if it has none."""
+    if target in _OPERATOR_NAMES:
+        return _OPERATOR_NAMES[target]
+    if target in INPLACE_OPERATORS:
+        return _OPERATOR_NAMES[INPLACE_OPERATORS[target]]
+    name = getattr(target, "__name__", None)
+    if name is None:
+        return None
+    for _, home in _FUNCTION_HOMES:
+        if getattr(home, name, None) is target:
+            return name
+    return None
+
+
+def qualified_function_name(target: object) -> str | None:
+    """The dotted name a problem file uses to call `target`, e.g. `torch.nn.functional.gelu`."""
+    name = getattr(target, "__name__", None)
+    if name is None:
+        return None
+    for module_name, home in _FUNCTION_HOMES:
+        if getattr(home, name, None) is target:
+            return f"{module_name}.{name}"
+    return None
+
+
+def _kind_of_name(name: str) -> OpKind:
+    for names, kind in (
+        (POINTWISE_NAMES, OpKind.POINTWISE),
+        (REDUCTION_NAMES, OpKind.REDUCTION),
+        (MATMUL_NAMES, OpKind.MATMUL),
+        (CONV_NAMES, OpKind.CONV),
+        (ATTENTION_NAMES, OpKind.ATTENTION),
+        (VIEW_NAMES, OpKind.VIEW),
+    ):
+        if name in names:
+            return kind
+    return OpKind.OTHER
+
+
+def _value(node: object) -> object:
+    return node.meta.get("example_value") if isinstance(node, fx.Node) else node
+
+
+def _tensor_args(node: fx.Node) -> list[torch.Tensor]:
+    values = [_value(a) for a in (*node.args, *node.kwargs.values())]
+    return [v for v in values if isinstance(v, torch.Tensor)]
+
+
+def _refine(name: str, kind: OpKind, node: fx.Node) -> OpKind:
+    """Corrections that depend on arguments or shapes rather than on the op's name alone."""
+    out = node.meta.get("example_value")
+    if not isinstance(out, torch.Tensor):
+        # Tuple-returning forms (`max(x, dim)`, `var_mean`) and scalar results stay with PyTorch.
+        return OpKind.VIEW if kind is OpKind.VIEW else OpKind.OTHER
+    if name == "to" or name == "type_as":
+        ins = _tensor_args(node)
+        same_place = bool(ins) and ins[0].device == out.device and ins[0].shape == out.shape
+        if not same_place:
+            return OpKind.OTHER
+        return OpKind.VIEW if ins[0].dtype == out.dtype else OpKind.POINTWISE
+    if kind is OpKind.POINTWISE and not _tensor_args(node):
+        return OpKind.OTHER  # arithmetic on Python scalars only
+    if name.endswith("dropout") and _training_flag(node):
+        return OpKind.OTHER  # random: not a deterministic site
+    if name == "batch_norm":
+        # Training mode updates running statistics in place; inference mode is a per-channel
+        # affine map, elementwise, and so it fuses into a conv's epilogue.
+        return OpKind.OTHER if _training_flag(node) else OpKind.POINTWISE
+    return kind
+
+
+def _training_flag(node: fx.Node) -> bool:
+    if "training" in node.kwargs:
+        return bool(node.kwargs["training"])
+    positions = {"batch_norm": 5}
+    name = function_name(node.target) or str(node.target)
+    index = positions.get(name, 2)
+    return len(node.args) > index and bool(node.args[index])
+
+
+def op_info(node: fx.Node) -> OpInfo:
+    """Classify one captured node (`call_function` or `call_method`)."""
+    if node.op == "call_function":
+        name = function_name(node.target)
+        inplace = (node.target in INPLACE_OPERATORS or node.target is operator.setitem
+                   or bool(node.kwargs.get("inplace", False)))
+        if name is None:
+            return OpInfo(str(getattr(node.target, "__name__", node.target)), OpKind.OTHER, False)
+        if name.endswith("_") and not name.startswith("_"):
+            name, inplace = name[:-1], True
+    elif node.op == "call_method":
+        name = str(node.target)
+        inplace = name.endswith("_") and not name.startswith("_")
+        if inplace:
+            name = name[:-1]
+    else:
+        return OpInfo(node.op, OpKind.OTHER, False)
+    kind = _refine(name, _kind_of_name(name), node)
+    return OpInfo(name, kind, inplace)
+
+
+def out_of_place(node: fx.Node) -> None:
+    """Rewrite an in-place node into its out-of-place twin (the caller checked it is safe)."""
+    if node.op == "call_method":
+        if str(node.target).endswith("_"):
+            node.target = str(node.target)[:-1]
+    elif node.target in INPLACE_OPERATORS:
+        node.target = INPLACE_OPERATORS[node.target]
+    elif getattr(node.target, "__name__", "").endswith("_"):
+        name = node.target.__name__[:-1]
+        for _, home in _FUNCTION_HOMES:
+            if callable(getattr(home, name, None)):
+                node.target = getattr(home, name)
+                break
+        else:
+            raise ValueError(f"no out-of-place form of {node.target}")
+    if node.kwargs.get("inplace", False):
+        node.kwargs = {**node.kwargs, "inplace": False}

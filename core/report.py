@@ -1,0 +1,76 @@
+"""The site table, as text for people and as JSON for programs."""
+
+from __future__ import annotations
+
+import sys
+
+from core.profile import Profile
+from core.sites import Site, SiteTable
+
+
+def site_record(site: Site, total_ms: float) -> dict[str, object]:
+    return {
+        "id": site.key,
+        "family": site.family,
+        "signature": site.problem.signature,
+        "ops": list(site.problem.ops),
+        "calls": site.calls,
+        "share": site.time_ms / total_ms if total_ms > 0 else 0.0,
+        "time_ms": site.time_ms,
+        "floor_ms": site.floor_ms,
+        "bytes": site.cost.bytes * site.calls,
+        "flops": (site.cost.matrix_flops + site.cost.vector_flops) * site.calls,
+        "problem": str(site.folder / "problem.py") if site.folder else None,
+    }
+
+
+def ranked(table: SiteTable) -> list[Site]:
+    return sorted(table.sites, key=lambda s: (-s.time_ms, s.key))
+
+
+def site_report(model: str, dtype: str, device: str, profile: Profile, table: SiteTable,
+                graphs: int, floor_gpu: str) -> dict[str, object]:
+    total = profile.total_ms
+    return {
+        "model": model,
+        "dtype": dtype,
+        "device": device,
+        "timing": profile.device_label,
+        "floor_gpu": floor_gpu,
+        "total_ms": total,
+        "instrumented_ms": profile.instrumented_ms,
+        "kept_ms": profile.kept_ms,
+        "outside_ms": profile.outside_ms,
+        "accounted_ms": profile.accounted_ms,
+        "graphs": graphs,
+        "sites": [site_record(s, total) for s in ranked(table)],
+        "kept_regions": [
+            {"nodes": [n.name for n in region.nodes], "reason": reason}
+            for region, reason in table.unwritable
+        ],
+    }
+
+
+def print_site_table(report: dict, out=sys.stdout) -> None:
+    total = report["total_ms"]
+    print(f"model {report['model']}  dtype {report['dtype']}  device {report['device']}  "
+          f"timing: {report['timing']}", file=out)
+    print(f"model time {total:.3f} ms (median, eager)   {report['graphs']} graph(s)   "
+          f"floors against {report['floor_gpu']}", file=out)
+    header = f"{'#':>3} {'share':>6} {'time ms':>9} {'floor ms':>9} {'family':<10} {'calls':>5}  "
+    print(header + "id / signature", file=out)
+    for rank, site in enumerate(report["sites"], 1):
+        print(f"{rank:>3} {site['share'] * 100:5.1f}% {site['time_ms']:9.3f} "
+              f"{site['floor_ms']:9.4f} {site['family']:<10} {site['calls']:>5}  "
+              f"{site['id']}  {_shorten(site['signature'], 70)}", file=out)
+    kept = report["kept_ms"] + report["outside_ms"]
+    print(f"    {kept / total * 100 if total else 0:5.1f}% {kept:9.3f}  kept with PyTorch "
+          f"(views and glue inside graphs {report['kept_ms']:.3f} ms, "
+          f"between graphs {report['outside_ms']:.3f} ms)", file=out)
+    accounted = report["accounted_ms"]
+    print(f"sites + kept = {accounted:.3f} ms, {accounted / total * 100 if total else 0:.1f}% "
+          f"of the measured model time", file=out)
+
+
+def _shorten(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"

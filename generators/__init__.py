@@ -1,0 +1,1 @@
+"""Who writes kernels: the offline rules generator and the LLM generator."""

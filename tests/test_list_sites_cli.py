@@ -1,0 +1,71 @@
+"""`python -m core.optimize MODEL --list-sites`: the ranked table, its JSON, and bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "core.optimize", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_json_report_ranks_sites_and_accounts_for_the_model_time(tmp_path):
+    result = run_cli("examples/mlp_block.py", "--list-sites", "--device", "cpu", "--json",
+                     "--warmup", "1", "--trials", "3", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["device"] == "cpu" and "CPU" in report["timing"]
+    assert report["total_ms"] > 0
+    sites = report["sites"]
+    assert {s["family"] for s in sites} == {"reduction", "matmul"}
+    for site in sites:
+        assert set(site) >= {"id", "family", "signature", "calls", "share", "time_ms", "floor_ms"}
+        assert 0 <= site["share"] <= 1.5 and site["calls"] == 1 and site["floor_ms"] > 0
+        assert Path(site["problem"]).is_file()
+    times = [s["time_ms"] for s in sites]
+    assert times == sorted(times, reverse=True)
+    assert report["accounted_ms"] > 0
+    assert "profiling forwards" in result.stderr  # progress goes to stderr, JSON to stdout
+
+
+def test_table_is_printed_for_people(tmp_path):
+    result = run_cli("tests.models:make_resnet", "--list-sites", "--device", "cpu",
+                     "--warmup", "0", "--trials", "2", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert "conv2d → batch_norm → add → relu" in result.stdout
+    assert "kept with PyTorch" in result.stdout
+    written = list((tmp_path / "tests.models-make_resnet" / "sites").glob("*/problem.py"))
+    assert len(written) == result.stdout.count(" conv ") + result.stdout.count(" other ") \
+        + result.stdout.count(" matmul ")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["missing_model.py"], "no such file"),
+        (["tests/models.py"], "not a KernelBench-format file"),
+        (["tests.models:make_raising"], "checkpoint missing"),
+        (["tests.models:make_returns_nothing"], "no tensor"),
+        (["torchvision:resnet_nonexistent"], "torchvision"),
+        (["hf:no_such_architecture"], "no model type"),
+        (["tests.models:make_fixed_precision", "--dtype", "fp16"], "under --dtype fp16"),
+        (["examples/mlp_block.py"], "add --list-sites"),
+    ],
+)
+def test_bad_input_is_one_message_and_exit_code_2(args, message, tmp_path):
+    flags = [] if args == ["examples/mlp_block.py"] else ["--list-sites"]
+    result = run_cli(*args, *flags, "--device", "cpu", "--out", str(tmp_path))
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert message in result.stderr and "fix:" in result.stderr
+    assert result.stdout == ""

@@ -1,0 +1,36 @@
+"""On a GPU: the site table is timed with CUDA events and its parts add up to the model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from core.capture import capture
+from core.load import load_model
+from core.optimize import ListSitesConfig, list_sites
+from core.profile import ProfileConfig
+from core.roofline import GpuPeaks
+from core.sites import find_sites
+
+pytestmark = pytest.mark.gpu
+
+
+def test_cuda_site_table_accounts_for_the_model_time(tmp_path):
+    report = list_sites(ListSitesConfig(model="examples/mlp_block.py", device="cuda",
+                                        out=tmp_path, profile=ProfileConfig(5, 30), quiet=True))
+    assert "CUDA events" in report["timing"]
+    assert report["device"] == "cuda"
+    assert abs(report["accounted_ms"] / report["total_ms"] - 1) < 0.25
+    assert all(s["floor_ms"] > 0 for s in report["sites"])
+
+
+def test_cuda_site_problems_reproduce_the_captured_values():
+    device = torch.device("cuda")
+    loaded = load_model("examples/mlp_block.py", device, dtype="bf16")
+    table = find_sites(capture(loaded.model, loaded.inputs, device), GpuPeaks())
+    namespace: dict = {}
+    for site in table.sites:
+        exec(compile(site.problem.source, site.key, "exec"), namespace)
+        with torch.no_grad():
+            out = namespace["Model"]()(*site.example_inputs)
+        torch.testing.assert_close(out, site.example_outputs[0], rtol=0, atol=0)

@@ -1,0 +1,168 @@
+"""Cutting graphs into sites: families, fusion boundaries, identity, convexity, mutation."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from core.capture import capture
+from core.ops import op_info
+from core.partition import partition, segments
+from core.roofline import GpuPeaks
+from core.sites import find_sites
+from tests import models
+
+CPU = torch.device("cpu")
+
+
+def sites_of(model: nn.Module, *inputs: torch.Tensor):
+    return find_sites(capture(model.eval(), inputs, CPU), GpuPeaks())
+
+
+def ops_by_family(table) -> set[tuple[str, tuple[str, ...]]]:
+    return {(s.family, s.problem.ops) for s in table.sites}
+
+
+def test_mlp_block_cuts_into_norm_and_two_matmuls_with_epilogues():
+    model, inputs = models.make_mlp()
+    assert ops_by_family(sites_of(model, *inputs)) == {
+        ("reduction", ("layer_norm",)),
+        ("matmul", ("linear", "gelu")),
+        ("matmul", ("linear", "add")),
+    }
+
+
+def test_conv_takes_inference_batch_norm_activation_and_residual():
+    model, inputs = models.make_resnet()
+    found = ops_by_family(sites_of(model, *inputs))
+    assert ("conv", ("conv2d", "batch_norm", "relu")) in found
+    assert ("conv", ("conv2d", "batch_norm", "add", "relu")) in found
+    assert ("other", ("adaptive_avg_pool2d",)) in found
+
+
+def test_identical_blocks_are_one_site_with_many_calls():
+    model, inputs = models.make_stacked_mlp()
+    table = sites_of(model, *inputs)
+    assert len(table.sites) == 3
+    assert all(site.calls == 3 for site in table.sites)
+    assert all(len(site.call_sites) == 3 for site in table.sites)
+
+
+def test_graph_breaks_become_more_graphs_and_loops_count_calls():
+    model, inputs = models.make_data_dependent()
+    captured = capture(model, inputs, CPU)
+    assert len(captured.graphs) >= 2
+    table = find_sites(captured, GpuPeaks())
+    looped = next(s for s in table.sites if s.problem.ops == ("linear", "sigmoid", "mul"))
+    assert looped.calls == 2
+
+
+def test_reduction_swallows_its_private_prologue_but_not_a_shared_one():
+    class Model(nn.Module):
+        def forward(self, x, y):
+            private = F.softmax(torch.exp(x) * 2, dim=-1)
+            shared = x + y
+            return private, F.layer_norm(shared, (8,)), shared * 3
+
+    found = ops_by_family(sites_of(Model(), torch.randn(4, 8), torch.randn(4, 8)))
+    assert ("reduction", ("exp", "mul", "softmax")) in found
+    assert ("reduction", ("layer_norm",)) in found
+    assert ("pointwise", ("add", "mul")) in found
+
+
+def test_epilogue_never_makes_a_region_that_leaves_and_comes_back():
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(8, 8)
+
+        def forward(self, x):
+            y = self.proj(x)
+            scale = y.amax(dim=-1, keepdim=True)  # reduction computed from the matmul
+            return torch.relu(y) / scale  # needs both: must not join the matmul region
+
+    model, x = Model(), torch.randn(4, 8)
+    captured = capture(model, (x,), CPU)
+    graph = captured.graphs[0]
+    segs = segments(graph.module.graph, graph.regions)  # raises on a cycle
+    assert sum(1 for s in segs if s.region is not None) == len(graph.regions)
+    matmul = next(r for r in graph.regions if r.family == "matmul")
+    assert [n for n in matmul.nodes if "div" in n.name or "truediv" in n.name] == []
+
+
+def test_safe_inplace_ops_become_out_of_place_and_unsafe_ones_stay():
+    class Model(nn.Module):
+        def forward(self, x):
+            y = (x * 2).relu_()  # a fresh intermediate nothing else reads: safe
+            z = x * 3
+            z.sigmoid_()  # `z` is read below through the pre-mutation value: not safe
+            x.add_(1)  # mutates a graph input: stays as written
+            return y + x + z
+
+    captured = capture(Model(), (torch.randn(6),), CPU)
+    graph = captured.graphs[0].module.graph
+    methods = [n.target for n in graph.nodes if n.op == "call_method"]
+    assert sorted(methods) == ["add_", "relu", "sigmoid_"]
+    regions = partition(graph)
+    in_regions = {n.target for r in regions for n in r.nodes}
+    assert "relu" in in_regions and not in_regions & {"add_", "sigmoid_"}
+
+
+def test_reshape_between_matmul_and_epilogue_stays_in_the_region():
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.randn(16, 16))
+            self.bias = nn.Parameter(torch.randn(16))
+
+        def forward(self, x, residual):
+            flat = torch.addmm(self.bias, x.view(-1, 16), self.weight)
+            return flat.view(2, 4, 16) + residual
+
+    found = ops_by_family(sites_of(Model(), torch.randn(2, 4, 16), torch.randn(2, 4, 16)))
+    assert found == {("matmul", ("addmm", "view", "add"))}
+
+
+def test_dangling_reshape_is_trimmed_from_the_region():
+    class Model(nn.Module):
+        def forward(self, x):
+            return torch.relu(x).view(-1)
+
+    found = ops_by_family(sites_of(Model(), torch.randn(3, 5)))
+    assert found == {("pointwise", ("relu",))}
+
+
+def test_floor_counts_bytes_once_and_matmul_flops():
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(64, 32, bias=False)
+
+        def forward(self, x):
+            return self.proj(x)
+
+    table = sites_of(Model(), torch.randn(16, 64))
+    (site,) = table.sites
+    assert site.cost.bytes == 4 * (16 * 64 + 32 * 64 + 16 * 32)
+    assert site.cost.matrix_flops == 2 * 16 * 32 * 64
+    peaks = GpuPeaks()
+    expected = max(site.cost.bytes / peaks.bandwidth,
+                   site.cost.matrix_flops / peaks.matrix_flops["fp32"]) * 1e3
+    assert abs(site.floor_ms - expected) < 1e-12
+
+
+def test_no_region_spans_a_mutation_and_order_around_it_is_kept():
+    class Model(nn.Module):
+        def forward(self, x, y):
+            a = x * 2
+            y.add_(1)  # mutates an input: a barrier
+            return a + y  # reads y after the write: must not join the region of `a`
+
+    x, y = torch.randn(5), torch.randn(5)
+    captured = capture(Model(), (x, y.clone()), CPU)
+    graph = captured.graphs[0]
+    assert [[op_info(n).name for n in r.nodes] for r in graph.regions] == [["mul"], ["add"]]
+    order = [n for s in segments(graph.module.graph, graph.regions) for n in s.nodes]
+    names = [n.name if n.op == "call_function" else n.target for n in order]
+    assert names.index("add_") < names.index("add")

@@ -1,0 +1,93 @@
+"""Each site problem, run on its own with its saved inputs, reproduces the model's values."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from core.capture import capture
+from core.load import BuiltinShape, load_model
+from core.roofline import GpuPeaks
+from core.sites import find_sites, write_site_folder
+from tests import models
+
+CPU = torch.device("cpu")
+FACTORIES = {
+    "mlp": models.make_mlp,
+    "cnn": models.make_cnn,
+    "data_dependent": models.make_data_dependent,
+    "resnet": models.make_resnet,
+    "stacked_mlp": models.make_stacked_mlp,
+}
+
+
+def build(name: str) -> tuple[torch.nn.Module, tuple]:
+    if name == "gpt2":
+        loaded = load_model(models.GPT2_TINY, CPU, shape=BuiltinShape(batch=2, seq_len=16))
+        return loaded.model, loaded.inputs
+    return FACTORIES[name]()
+
+
+def import_problem(path):
+    spec = importlib.util.spec_from_file_location(f"problem_{path.parent.name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def assert_same(actual, expected, where: str) -> None:
+    if isinstance(expected, torch.Tensor):
+        assert actual.shape == expected.shape and actual.dtype == expected.dtype, where
+        if not torch.equal(actual, expected):
+            diff = (actual.double() - expected.double()).abs()
+            index = tuple(int(i) for i in torch.nonzero(diff == diff.max())[0])
+            raise AssertionError(f"{where}: max |diff| {diff.max().item():.3g} at {index}: "
+                                 f"{actual[index].item()} vs {expected[index].item()}")
+    else:
+        assert actual == expected, where
+
+
+@pytest.mark.parametrize("name", [*FACTORIES, "gpt2"])
+def test_site_problem_reproduces_intermediates(name, tmp_path):
+    model, inputs = build(name)
+    captured = capture(model, inputs, CPU)
+    table = find_sites(captured, GpuPeaks())
+    assert table.sites, "no sites found"
+    for site in table.sites:
+        folder = write_site_folder(site, tmp_path, max_input_bytes=2**30)
+        problem = import_problem(folder / "problem.py")
+        assert problem.get_init_inputs() == []
+        saved = torch.load(folder / "inputs.pt", weights_only=True)
+        with torch.no_grad():
+            out = problem.Model()(*saved)
+        outs = out if isinstance(out, tuple) and len(site.example_outputs) > 1 else (out,)
+        assert len(outs) == len(site.example_outputs)
+        for i, (actual, expected) in enumerate(zip(outs, site.example_outputs, strict=True)):
+            assert_same(actual, expected, f"{site.key} output {i} ({site.problem.signature})")
+
+
+@pytest.mark.parametrize("name", ["mlp", "resnet"])
+def test_generated_inputs_match_captured_layout(name, tmp_path):
+    model, inputs = build(name)
+    table = find_sites(capture(model, inputs, CPU), GpuPeaks())
+    for site in table.sites:
+        problem = import_problem(write_site_folder(site, tmp_path, 2**30) / "problem.py")
+        drawn = problem.get_inputs()
+        for fresh, real in zip(drawn, site.example_inputs, strict=True):
+            assert fresh.shape == real.shape and fresh.dtype == real.dtype
+            assert fresh.stride() == real.stride()
+            if real.is_floating_point() and real.numel() > 1:
+                assert real.min() <= fresh.min() and fresh.max() <= real.max()
+        with torch.no_grad():
+            problem.Model()(*drawn)
+
+
+def test_large_inputs_are_described_not_saved(tmp_path):
+    model, inputs = models.make_mlp()
+    table = find_sites(capture(model, inputs, CPU), GpuPeaks())
+    folder = write_site_folder(table.sites[0], tmp_path, max_input_bytes=16)
+    assert not (folder / "inputs.pt").exists()
+    meta = (folder / "site.json").read_text()
+    assert '"inputs_saved": false' in meta and '"shape"' in meta
