@@ -37,12 +37,15 @@ class Recorder:
     device: torch.device
     active: bool = False
     marks: list[Mark] = field(default_factory=list)
+    _events: list[torch.cuda.Event] = field(default_factory=list)  # reused across forwards
 
     def mark(self, graph: int, boundary: int) -> None:
         if not self.active:
             return
         if self.device.type == "cuda":
-            event = torch.cuda.Event(enable_timing=True)
+            if len(self._events) <= len(self.marks):
+                self._events.append(torch.cuda.Event(enable_timing=True))
+            event = self._events[len(self.marks)]
             event.record()
             self.marks.append(Mark(graph, boundary, event, 0))
         else:

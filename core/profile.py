@@ -1,16 +1,25 @@
 """Where the time goes: the whole model's latency and each site's in-situ share of it.
 
-The model is timed eagerly, unmarked, alternating with the marked forwards. In-situ site times
-come from the captured model, whose graphs carry a mark between consecutive segments: a
-segment's time is the gap between its two marks, measured inside a real forward (real cache
-state, real neighbours). What no site owns
-(views, ops kept with PyTorch, Python between graphs) is reported as kept, so the parts add up
-to the instrumented forward.
+Forwards of three kinds alternate in every trial, so all see the same machine state:
+- the eager model, unmarked: its time on the device, and its latency with launches;
+- the captured program (the graphs Kiln cut into sites), unmarked: what the sites add up to.
+  It can differ from eager: libraries take other paths under torch.compile;
+- the captured program with a mark between consecutive segments: a segment's time is the gap
+  between its two marks, inside a real forward (real cache state, real neighbours).
+
+On a GPU the timed forwards are queued behind a sleep kernel long enough for the CPU to
+enqueue the whole forward first, so times are the GPU's own, not inflated by launch gaps or
+by the extra launches the marks cost. The eager latency with launches (the sleep left out) is
+reported beside them: a model whose eager latency is far above its device time is bound by
+Python and launches, which kernels alone do not fix. What no site owns (views, ops kept with
+PyTorch, Python between graphs) is reported as kept, so the parts add up to the marked
+forward.
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,7 +43,9 @@ class ProfileConfig:
 @dataclass
 class Profile:
     device_label: str
-    model: TimingStats  # eager, unmarked
+    model: TimingStats  # eager, unmarked, device time
+    latency: TimingStats  # eager, unmarked, launches included
+    captured: TimingStats  # the captured program, unmarked
     instrumented_ms: float  # median marked forward
     kept_ms: float  # inside graphs, owned by no site
     outside_ms: float  # between graphs: Python, graph breaks, guards
@@ -53,6 +64,26 @@ def device_label(device: torch.device) -> str:
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name(device)} (CUDA events)"
     return "CPU (wall clock; CPU timings, not GPU)"
+
+
+class QueueAhead:
+    """Keeps a GPU busy while the CPU enqueues a forward, so launches never starve it."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.enabled = device.type == "cuda"
+        self.cycles_per_ms = 0.0
+        self.sleep_cycles = 0
+        if self.enabled:
+            probe = 2_000_000
+            self.cycles_per_ms = probe / time_once(lambda: torch.cuda._sleep(probe), device)
+
+    def fit(self, enqueue_ms: float) -> None:
+        # Twice the measured enqueue time, plus a millisecond, covers the CPU's jitter.
+        self.sleep_cycles = int((2 * enqueue_ms + 1) * self.cycles_per_ms)
+
+    def __call__(self) -> None:
+        if self.enabled and self.sleep_cycles:
+            torch.cuda._sleep(self.sleep_cycles)
 
 
 def _elapsed_ms(first: Mark, mark: Mark) -> float:
@@ -86,24 +117,42 @@ def profile_model(loaded: LoadedModel, capture: Capture, table: SiteTable,
                 owners[(graph.index, k)] = table.site_of[segment.region].key
 
     recorder = capture.recorder
+    queue = QueueAhead(device)
+
+    def marked_forward() -> list[Mark]:
+        recorder.marks.clear()
+        queue()
+        recorder.active = True
+        recorder.mark(_OUTSIDE, 0)
+        capture.compiled(*loaded.inputs)
+        recorder.mark(_OUTSIDE, 1)
+        recorder.active = False
+        synchronize(device)
+        return list(recorder.marks)
+
+    def eager() -> object:
+        return loaded.model(*loaded.inputs)
+
+    def captured() -> object:
+        return capture.compiled(*loaded.inputs)
+
+    def queued(fn: Callable[[], object]) -> float:
+        queue()
+        return time_once(fn, device)
+
+    samples: dict[str, list[float]] = {"latency": [], "eager": [], "captured": []}
     trials: list[dict[str, float]] = []
-    eager_ms: list[float] = []
     total = config.warmup + config.trials
     with torch.no_grad():
+        queue.fit(max(_enqueue_ms(eager, device), _enqueue_ms(captured, device)))
         for i in range(total):
-            # Eager and marked forwards alternate, so both see the same machine state.
-            eager = time_once(lambda: loaded.model(*loaded.inputs), device)
-            recorder.marks.clear()
-            recorder.active = True
-            recorder.mark(_OUTSIDE, 0)
-            capture.compiled(*loaded.inputs)
-            recorder.mark(_OUTSIDE, 1)
-            recorder.active = False
-            synchronize(device)
+            latency = time_once(eager, device)
+            times = (latency, queued(eager), queued(captured))
+            marks = marked_forward()
             if i >= config.warmup:
-                eager_ms.append(eager)
-                trials.append(_one_trial(list(recorder.marks),
-                                         lambda g, k: owners.get((g, k))))
+                for name, value in zip(samples, times, strict=True):
+                    samples[name].append(value)
+                trials.append(_one_trial(marks, lambda g, k: owners.get((g, k))))
             progress(i + 1, total)
     recorder.marks.clear()
 
@@ -114,6 +163,16 @@ def profile_model(loaded: LoadedModel, capture: Capture, table: SiteTable,
     for site in table.sites:
         site.time_ms = site_ms[site.key]
     instrumented = statistics.median(sum(t.values()) for t in trials)
-    model_stats = TimingStats.from_samples(eager_ms, device.type)
-    return Profile(device_label(device), model_stats, instrumented, median("kept"),
-                   median("outside"), site_ms)
+    stats = {name: TimingStats.from_samples(v, device.type) for name, v in samples.items()}
+    return Profile(device_label(device), stats["eager"], stats["latency"], stats["captured"],
+                   instrumented, median("kept"), median("outside"), site_ms)
+
+
+def _enqueue_ms(forward: Callable[[], object], device: torch.device) -> float:
+    """CPU time to issue one forward (the device catches up afterwards)."""
+    synchronize(device)
+    begin = time.perf_counter()
+    forward()
+    elapsed = (time.perf_counter() - begin) * 1e3
+    synchronize(device)
+    return elapsed

@@ -17,9 +17,9 @@ from core.partition import Region
 
 
 def _h200_matrix_peaks() -> dict[str, float]:
-    # bf16/fp16: an 8192^3 torch matmul on an H200 ran at 790 TFLOP/s (random data).
-    # fp32: the datasheet's 67 TFLOP/s of plain fp32 (torch does not use tf32 by default).
-    return {"bf16": 790e12, "fp16": 790e12, "fp32": 67e12}
+    # 8192^3 torch matmuls on an H200, random data, 2026-12-02 (bench/NOTES.md): bf16 742-798,
+    # fp16 720-766, fp32 50.2-50.7 TFLOP/s (torch leaves tf32 off for fp32 matmuls).
+    return {"bf16": 790e12, "fp16": 765e12, "fp32": 50.7e12}
 
 
 @dataclass(frozen=True)

@@ -75,7 +75,9 @@ def time_once(fn: Callable[[], object], device: torch.device) -> float:
         start.record()
         fn()
         end.record()
-        end.synchronize()
+        # A device-wide sync, not just the end event: work escaping to another stream is
+        # waited for too (and shows up as a slow next trial rather than a fast one).
+        torch.cuda.synchronize(device)
         return start.elapsed_time(end)
     begin = time.perf_counter()
     fn()
