@@ -1,0 +1,59 @@
+"""The evaluator's settings: one dataclass, passed to worker processes as JSON."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+# Per-device defaults. On CUDA 100 trials after 10 warm-ups keep the median of a 30 µs kernel
+# steady while costing a few milliseconds; the Triton interpreter on the CPU runs a small kernel
+# in tens of milliseconds, so a few trials show the rules run without making CI slow.
+DEFAULT_WARMUP = {"cuda": 10, "cpu": 1}
+DEFAULT_TRIALS = {"cuda": 100, "cpu": 3}
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@dataclass
+class EvalConfig:
+    """How a candidate is judged. The trust rules themselves cannot be switched off here."""
+
+    device: str = field(default_factory=default_device)
+    seeds: tuple[int, ...] = (0, 1, 2)
+    warmup: int | None = None
+    trials: int | None = None
+    time: bool = True
+    tolerance: float | None = None
+    compile_timeout_s: float = 180.0
+    run_timeout_s: float = 120.0
+    startup_timeout_s: float = 120.0
+    reverify_above: float = 10.0
+    rotation_budget_bytes: int = 1 << 30
+    gpu_lock: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.device not in DEFAULT_TRIALS:
+            raise ValueError(f"device must be 'cuda' or 'cpu', not {self.device!r}")
+        if len(self.seeds) < 2:
+            raise ValueError("at least two seeds are needed to catch results cached across calls")
+        self.seeds = tuple(self.seeds)
+
+    @property
+    def warmup_count(self) -> int:
+        return DEFAULT_WARMUP[self.device] if self.warmup is None else self.warmup
+
+    @property
+    def trial_count(self) -> int:
+        return DEFAULT_TRIALS[self.device] if self.trials is None else self.trials
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @staticmethod
+    def from_dict(record: dict[str, Any]) -> EvalConfig:
+        return EvalConfig(**record)

@@ -1,0 +1,93 @@
+"""Time a reference or candidate model by the evaluator's rules, on top of `core.timing`.
+
+Before every trial the device is synchronized (nothing left over from the last trial runs inside
+this one), the L2 cache is flushed by writing a buffer twice its size, and the next of several
+copies of the inputs is selected, so no trial finds its operands already cached. Reference and
+candidate are timed by the same code in the same process.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from core.timing import TimingStats, synchronize, time_callable
+
+# The flush buffer is twice the L2 size: H200's L2 is 60 MiB, so 120 MiB.
+FLUSH_FACTOR = 2
+
+
+def input_bytes(inputs: list[object]) -> int:
+    return sum(t.numel() * t.element_size() for t in inputs if isinstance(t, torch.Tensor))
+
+
+def l2_size(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 0
+    return int(torch.cuda.get_device_properties(device).L2_cache_size)
+
+
+def rotation_copies(inputs: list[object], device: torch.device, budget_bytes: int) -> int:
+    """How many input copies cover the L2 twice over, within `budget_bytes` of extra memory."""
+    size = max(input_bytes(inputs), 1)
+    wanted = math.ceil(FLUSH_FACTOR * l2_size(device) / size)
+    return max(1, min(wanted, budget_bytes // size))
+
+
+def make_flush(device: torch.device) -> Callable[[], None]:
+    if device.type != "cuda":
+        return lambda: None
+    buffer = torch.empty(FLUSH_FACTOR * l2_size(device), dtype=torch.uint8, device=device)
+
+    def flush() -> None:
+        torch.cuda.synchronize(device)
+        buffer.zero_()
+
+    return flush
+
+
+def clone_inputs(inputs: list[object]) -> list[object]:
+    return [t.clone() if isinstance(t, torch.Tensor) else t for t in inputs]
+
+
+def time_model(
+    model: Callable[..., object],
+    input_sets: list[list[object]],
+    device: torch.device,
+    warmup: int,
+    trials: int,
+) -> TimingStats:
+    """Median latency of `model(*inputs)`, rotating through `input_sets`, L2 flushed each trial."""
+    flush = make_flush(device)
+    position = [0]
+
+    def before_each() -> None:
+        position[0] = (position[0] + 1) % len(input_sets)
+        flush()
+
+    def call() -> None:
+        model(*input_sets[position[0]])
+
+    with torch.no_grad():
+        stats = time_callable(call, device, warmup=warmup, trials=trials, before_each=before_each)
+    synchronize(device)
+    return stats
+
+
+@contextmanager
+def exclusive_device(lock_path: str | None) -> Iterator[None]:
+    """Hold the device alone while timing: workers sharing a GPU take turns through a file lock."""
+    if not lock_path:
+        yield
+        return
+    with Path(lock_path).open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
