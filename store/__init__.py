@@ -1,0 +1,56 @@
+"""Kiln's kernel store: every run, site, candidate, verdict and LLM call in one SQLite file.
+
+The optimizer writes through `Store.open(path)`; the app and scripts read through
+`open_reader(path)`, a read-only connection usable from any thread. Searches, diffs and exports
+work on either.
+"""
+
+from pathlib import Path
+
+from store.diffs import Diff, diff_candidates, diff_to_best, diff_to_parent, unified_diff
+from store.export import EXPORT_FORMATS, export, export_csv, export_json, export_kernelbench
+from store.migrations import FAMILIES, RUN_STATUSES, TIERS
+from store.reader import StoreReader
+from store.records import (
+    Candidate,
+    CandidateSummary,
+    LlmCall,
+    NewCandidate,
+    Run,
+    RunState,
+    Site,
+)
+from store.writer import Store, source_hash
+
+
+def open_reader(path: str | Path) -> StoreReader:
+    """A read-only store usable from any thread: the app's connection."""
+    return StoreReader.open(path)
+
+
+__all__ = [
+    "EXPORT_FORMATS",
+    "FAMILIES",
+    "RUN_STATUSES",
+    "TIERS",
+    "Candidate",
+    "CandidateSummary",
+    "Diff",
+    "LlmCall",
+    "NewCandidate",
+    "Run",
+    "RunState",
+    "Site",
+    "Store",
+    "StoreReader",
+    "diff_candidates",
+    "diff_to_best",
+    "diff_to_parent",
+    "export",
+    "export_csv",
+    "export_json",
+    "export_kernelbench",
+    "open_reader",
+    "source_hash",
+    "unified_diff",
+]

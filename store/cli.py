@@ -1,0 +1,179 @@
+"""`python -m store`: list runs and candidates, search, show, diff, best, export."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from store.diffs import diff_candidates, diff_to_best, diff_to_parent
+from store.export import EXPORT_FORMATS, export
+from store.writer import Store
+
+DEFAULT_DB = "kiln.db"
+# Rationales and snippets are cut to this many characters in tables, to keep one row a line.
+TEXT_WIDTH = 60
+
+RUN_COLUMNS = ["id", "model_spec", "gpu", "status", "started_at", "sites", "candidates", "accepted"]
+CANDIDATE_COLUMNS = [
+    "id", "parent_id", "site_id", "family", "tier", "generator", "accepted", "latency_ms",
+    "speedup", "rationale",
+]  # fmt: skip
+BEST_COLUMNS = [
+    "site_key", "id", "tier", "latency_ms", "speedup", "speedup_vs_eager", "speedup_vs_compile",
+    "roofline_fraction",
+]  # fmt: skip
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    text = str(value).replace("\n", " ")
+    return text if len(text) <= TEXT_WIDTH else text[: TEXT_WIDTH - 3] + "..."
+
+
+def _table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
+    cells = [[_cell(row[column]) for column in columns] for row in rows]
+    widths = [
+        max([len(column)] + [len(line[i]) for line in cells]) for i, column in enumerate(columns)
+    ]
+    lines = [list(columns), *cells]
+    return "\n".join(
+        "  ".join(text.ljust(width) for text, width in zip(line, widths, strict=True)).rstrip()
+        for line in lines
+    )
+
+
+def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
+    print(json.dumps(data, indent=2) if args.json else text)
+
+
+def _runs(store: Store, args: argparse.Namespace) -> None:
+    runs = [run.to_dict() for run in store.runs()]
+    _emit(args, runs, _table(runs, RUN_COLUMNS) if runs else "no runs yet")
+
+
+def _candidates(store: Store, args: argparse.Namespace) -> None:
+    rows = [c.to_dict() for c in store.candidates(args.run, args.site, args.limit)]
+    _emit(args, rows, _table(rows, CANDIDATE_COLUMNS) if rows else "no candidates")
+
+
+def _search(store: Store, args: argparse.Namespace) -> None:
+    hits = store.search(args.query, fts_syntax=args.fts, run_id=args.run, limit=args.limit)
+    rows = [hit.to_dict() for hit in hits]
+    text = _table(rows, [*CANDIDATE_COLUMNS[:-1], "snippet"]) if rows else "no matches"
+    _emit(args, rows, text)
+
+
+def _show(store: Store, args: argparse.Namespace) -> None:
+    candidate = store.candidate(args.id)
+    data = candidate.to_dict()
+    header = {key: value for key, value in data.items() if key not in ("source", "verdict")}
+    lines = [f"{key}: {_cell(value)}" for key, value in header.items()]
+    if candidate.verdict is not None:
+        lines += ["", "verdict:", json.dumps(candidate.verdict, indent=2)]
+    lines += ["", "source:", candidate.source]
+    _emit(args, data, "\n".join(lines))
+
+
+def _diff(store: Store, args: argparse.Namespace) -> None:
+    if args.other is not None:
+        diffs = [diff_candidates(store, args.id, args.other)]
+    else:
+        diffs = [diff_to_parent(store, args.id)]
+        against_best = diff_to_best(store, args.id)
+        if against_best is not None:
+            diffs.append(against_best)
+    text = "\n".join(
+        f"# {d.base_label} -> candidate {d.candidate_id}\n{d.text or '(identical)'}" for d in diffs
+    )
+    _emit(args, [d.to_dict() for d in diffs], text)
+
+
+def _best(store: Store, args: argparse.Namespace) -> None:
+    rows = [c.to_dict() for c in store.best(args.run)]
+    _emit(args, rows, _table(rows, BEST_COLUMNS) if rows else "no accepted candidate yet")
+
+
+def _export(store: Store, args: argparse.Namespace) -> None:
+    paths = export(store, args.format, Path(args.out), args.run)
+    _emit(args, [str(path) for path in paths], "\n".join(str(path) for path in paths))
+
+
+def _parser() -> argparse.ArgumentParser:
+    # --db and --json go before or after the subcommand. A left-out option sets nothing
+    # (SUPPRESS), so the subcommand's parser cannot reset a value given before it.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--db",
+        type=Path,
+        default=argparse.SUPPRESS,
+        help=f"the store file (default: $KILN_DB, else ./{DEFAULT_DB})",
+    )
+    common.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="print JSON, not a table"
+    )
+    parser = argparse.ArgumentParser(
+        prog="python -m store",
+        description="Browse and export Kiln's kernel store.",
+        parents=[common],
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    commands.add_parser("runs", parents=[common], help="list runs").set_defaults(act=_runs)
+
+    listing = commands.add_parser("candidates", parents=[common], help="list candidates")
+    listing.add_argument("--run", type=int, help="only this run's candidates")
+    listing.add_argument("--site", type=int, help="only this site's candidates")
+    listing.add_argument("--limit", type=int, help="at most this many")
+    listing.set_defaults(act=_candidates)
+
+    search = commands.add_parser("search", parents=[common], help="full-text search")
+    search.add_argument("query", help="words to find in sources, rationales, sites, reasons")
+    search.add_argument("--fts", action="store_true", help="the query is SQLite FTS5 syntax")
+    search.add_argument("--run", type=int, help="only this run's candidates")
+    search.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    search.set_defaults(act=_search)
+
+    show = commands.add_parser("show", parents=[common], help="one candidate in full")
+    show.add_argument("id", type=int, help="candidate id")
+    show.set_defaults(act=_show)
+
+    diff = commands.add_parser(
+        "diff", parents=[common], help="diff a candidate against its parent and its site's best"
+    )
+    diff.add_argument("id", type=int, help="candidate id")
+    diff.add_argument("other", type=int, nargs="?", help="diff ID -> OTHER instead")
+    diff.set_defaults(act=_diff)
+
+    best = commands.add_parser("best", parents=[common], help="the fastest accepted per site")
+    best.add_argument("--run", type=int, help="run id (default: the latest)")
+    best.set_defaults(act=_best)
+
+    out = commands.add_parser("export", parents=[common], help="export kernels or records")
+    out.add_argument(
+        "--format",
+        required=True,
+        choices=EXPORT_FORMATS,
+        help="kernelbench: each site's problem and fastest accepted kernel; json, csv: all records",
+    )
+    out.add_argument("--out", required=True, help="folder to write into")
+    out.add_argument("--run", type=int, help="only this run (kernelbench: default the latest)")
+    out.set_defaults(act=_export)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    db = getattr(args, "db", None) or Path(os.environ.get("KILN_DB") or DEFAULT_DB)
+    args.json = getattr(args, "json", False)
+    with Store.open(db, create=False) as store:
+        args.act(store, args)
+    return 0

@@ -1,0 +1,160 @@
+"""What the store hands back: runs, sites, candidates, LLM calls, as plain frozen dataclasses."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+@dataclass(frozen=True)
+class Run:
+    id: int
+    model_spec: str
+    model_hash: str
+    gpu: str
+    versions: dict[str, Any]
+    config: dict[str, Any]
+    # 'interrupted' also when the row still says 'running' but its writer is dead and no
+    # writer has opened the store since to record it.
+    status: str
+    started_at: str
+    finished_at: str | None
+    heartbeat_at: str
+    writer_host: str
+    writer_pid: int
+    resumes: int
+    e2e: dict[str, Any] | None
+    sites: int
+    candidates: int
+    accepted: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Site:
+    id: int
+    run_id: int
+    key: str
+    family: str
+    signature: str
+    ops: list[str]
+    calls: int
+    share: float
+    time_ms: float | None
+    eager_ms: float | None
+    compile_ms: float | None
+    floor_ms: float | None
+    problem_source: str
+
+    @property
+    def baseline_ms(self) -> float | None:
+        """The time a kernel must beat: the faster of eager and torch.compile."""
+        times = [t for t in (self.eager_ms, self.compile_ms) if t is not None]
+        return min(times) if times else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class CandidateSummary:
+    """One row of a candidate listing; the verdict fields are None until it has a verdict."""
+
+    id: int
+    parent_id: int | None
+    site_id: int
+    run_id: int
+    site_key: str
+    family: str
+    tier: str
+    generator: str
+    rationale: str
+    created_at: str
+    compiled: bool | None
+    correct: bool | None
+    accepted: bool | None
+    latency_ms: float | None
+    speedup: float | None
+    speedup_vs_eager: float | None
+    speedup_vs_compile: float | None
+    roofline_fraction: float | None
+    reason: str | None
+    # A search result's matching passage, markers around the matched terms.
+    snippet: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        row = asdict(self)
+        if self.snippet is None:
+            del row["snippet"]
+        return row
+
+
+@dataclass(frozen=True)
+class Candidate:
+    summary: CandidateSummary
+    source: str
+    source_hash: str
+    llm_call_id: int | None
+    # The evaluator's latest verdict exactly as it was stored, every field included.
+    verdict: dict[str, Any] | None
+
+    @property
+    def id(self) -> int:
+        return self.summary.id
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **self.summary.to_dict(),
+            "source": self.source,
+            "source_hash": self.source_hash,
+            "llm_call_id": self.llm_call_id,
+            "verdict": self.verdict,
+        }
+
+
+@dataclass(frozen=True)
+class NewCandidate:
+    """What `Store.add_candidate` did: `duplicate` when the site already held this source."""
+
+    id: int
+    duplicate: bool
+
+
+@dataclass(frozen=True)
+class LlmCall:
+    id: int
+    run_id: int
+    site_id: int | None
+    model: str
+    prompt: str
+    reply: str | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    latency_ms: float | None
+    cost_usd: float | None
+    error: str | None
+    created_at: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class RunState:
+    """Everything a resumed search needs to rebuild its tree of a run."""
+
+    run: Run
+    sites: list[Site]
+    candidates: list[Candidate]
+
+    @property
+    def unevaluated(self) -> list[Candidate]:
+        """Candidates whose evaluation the dead writer never finished."""
+        return [c for c in self.candidates if c.verdict is None]
