@@ -1,0 +1,175 @@
+"""Elementwise ops as Triton expressions, computed in fp32 whatever the tensors' dtype.
+
+Every pointwise chain, epilogue and prologue the rules generator writes goes through here, so
+an op's formula lives in one place. NaN behaves as in PyTorch (`relu(nan)` is nan).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from generators.site_graph import Op, Ref, Unsupported
+
+_TL_DTYPES = {
+    torch.float32: "tl.float32",
+    torch.float16: "tl.float16",
+    torch.bfloat16: "tl.bfloat16",
+    torch.float64: "tl.float64",
+    torch.bool: "tl.int1",
+    torch.int32: "tl.int32",
+    torch.int64: "tl.int64",
+}
+SQRT1_2 = 0.7071067811865476
+SQRT_2_OVER_PI = 0.7978845608028654
+
+
+def tl_dtype(dtype: torch.dtype) -> str:
+    if dtype not in _TL_DTYPES:
+        raise Unsupported(f"no Triton type for {dtype}")
+    return _TL_DTYPES[dtype]
+
+
+def _const(value: object) -> str:
+    if isinstance(value, bool):
+        return "1.0" if value else "0.0"
+    if isinstance(value, int | float):
+        if math.isinf(value):
+            return "float('inf')" if value > 0 else "float('-inf')"
+        return repr(float(value))
+    raise Unsupported(f"constant {value!r} in an elementwise op")
+
+
+def _tanh(x: str) -> str:
+    return f"(2.0 * tl.sigmoid(2.0 * {x}) - 1.0)"
+
+
+def _pow(base: str, exponent: object) -> str:
+    if isinstance(exponent, int | float) and float(exponent).is_integer() and abs(exponent) <= 4:
+        k = int(exponent)
+        if k == 0:
+            return f"({base} * 0.0 + 1.0)"
+        product = " * ".join([base] * abs(k))
+        return f"({product})" if k > 0 else f"(1.0 / ({product}))"
+    if exponent == 0.5:
+        return f"tl.sqrt_rn({base})"
+    return f"tl.exp({_const(exponent)} * tl.log({base}))"
+
+
+def elementwise(op: Op, value: dict[Ref, str]) -> str:
+    """The Triton expression of `op`; `value` names each Ref already in registers (fp32)."""
+
+    def a(i: int, default: object = None) -> object:
+        return op.args[i] if i < len(op.args) else default
+
+    def v(x: object) -> str:
+        return value[x] if isinstance(x, Ref) else _const(x)
+
+    def kw(name: str, position: int, default: object) -> object:
+        return op.kwarg(name, a(position, default))
+
+    name = op.name
+    x = v(a(0)) if op.args else ""
+    binary = {"add": "+", "sub": "-", "mul": "*", "div": "/", "true_divide": "/",
+              "multiply": "*", "subtract": "-", "divide": "/"}
+    compare = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
+               "greater": ">", "less": "<"}
+    if name in ("add", "sub") and kw("alpha", 2, 1) != 1:
+        return f"({x} {binary[name]} {_const(kw('alpha', 2, 1))} * {v(a(1))})"
+    if name in ("div", "divide") and op.kwarg("rounding_mode") is not None:
+        mode = op.kwarg("rounding_mode")
+        quotient = f"({x} / {v(a(1))})"
+        if mode == "floor":
+            return f"tl.floor({quotient})"
+        return f"tl.where({quotient} < 0.0, tl.ceil({quotient}), tl.floor({quotient}))"
+    if name in binary:
+        return f"({x} {binary[name]} {v(a(1))})"
+    if name == "rsub":
+        return f"({v(a(1))} - {x})"
+    if name in compare:
+        return f"({x} {compare[name]} {v(a(1))})"
+    unary = {
+        "neg": f"(-{x})", "negative": f"(-{x})", "abs": f"tl.abs({x})", "exp": f"tl.exp({x})",
+        "log": f"tl.log({x})", "sqrt": f"tl.sqrt_rn({x})", "rsqrt": f"tl.rsqrt({x})",
+        "reciprocal": f"(1.0 / {x})", "square": f"({x} * {x})", "sigmoid": f"tl.sigmoid({x})",
+        "tanh": _tanh(x), "silu": f"({x} * tl.sigmoid({x}))", "sin": f"tl.sin({x})",
+        "cos": f"tl.cos({x})", "erf": f"tl.erf({x})", "exp2": f"tl.exp2({x})",
+        "log2": f"tl.log2({x})", "log1p": f"tl.log(1.0 + {x})", "expm1": f"(tl.exp({x}) - 1.0)",
+        "floor": f"tl.floor({x})", "ceil": f"tl.ceil({x})",
+        "relu": f"tl.where({x} < 0.0, 0.0, {x})",
+        "relu6": f"tl.where({x} < 0.0, 0.0, tl.where({x} > 6.0, 6.0, {x}))",
+        "hardsigmoid": f"tl.minimum(tl.maximum({x} / 6.0 + 0.5, 0.0), 1.0)",
+        "hardswish": f"({x} * tl.minimum(tl.maximum({x} / 6.0 + 0.5, 0.0), 1.0))",
+        "mish": f"({x} * {_tanh(f'tl.log(1.0 + tl.exp({x}))')})",
+        "logsigmoid": f"(-tl.log(1.0 + tl.exp(-{x})))",
+        "softsign": f"({x} / (1.0 + tl.abs({x})))",
+        "logical_not": f"({x} == 0)",
+        "bitwise_not": f"({x} == 0)",
+        "float": x, "half": x, "bfloat16": x, "double": x, "to": x, "type_as": x,
+    }
+    if name in unary:
+        casts = ("float", "half", "bfloat16", "to", "type_as")
+        if name in casts and op.out.dtype.is_floating_point:
+            # Round through the target dtype, as PyTorch does, then keep computing in fp32.
+            return f"{x}.to({tl_dtype(op.out.dtype)}).to(tl.float32)"
+        return unary[name]
+    if name == "gelu":
+        if op.kwarg("approximate", "none") == "tanh":
+            inner = f"{SQRT_2_OVER_PI} * ({x} + 0.044715 * {x} * {x} * {x})"
+            return f"(0.5 * {x} * (1.0 + {_tanh(inner)}))"
+        return f"(0.5 * {x} * (1.0 + tl.erf({x} * {SQRT1_2})))"
+    if name == "pow":
+        if isinstance(a(0), Ref) and not isinstance(a(1), Ref):
+            return _pow(x, a(1))
+        raise Unsupported("pow with a tensor exponent")
+    if name in ("clamp", "clip", "hardtanh"):
+        low = kw("min", 1, -1.0 if name == "hardtanh" else None)
+        high = kw("max", 2, 1.0 if name == "hardtanh" else None)
+        if name == "hardtanh":
+            low, high = kw("min_val", 1, -1.0), kw("max_val", 2, 1.0)
+        result = x
+        if low is not None:
+            result = f"tl.where({result} < {v(low)}, {v(low)}, {result})"
+        if high is not None:
+            result = f"tl.where({result} > {v(high)}, {v(high)}, {result})"
+        return result
+    if name in ("clamp_min", "clamp_max"):
+        bound = v(a(1))
+        cmp = "<" if name == "clamp_min" else ">"
+        return f"tl.where({x} {cmp} {bound}, {bound}, {x})"
+    if name in ("maximum", "minimum"):
+        return f"tl.{name}({x}, {v(a(1))})"
+    if name == "leaky_relu":
+        return f"tl.where({x} >= 0.0, {x}, {x} * {_const(kw('negative_slope', 1, 0.01))})"
+    if name == "elu":
+        alpha = _const(kw("alpha", 1, 1.0))
+        return f"tl.where({x} > 0.0, {x}, {alpha} * (tl.exp({x}) - 1.0))"
+    if name == "softplus":
+        beta, threshold = _const(kw("beta", 1, 1.0)), _const(kw("threshold", 2, 20.0))
+        return (f"tl.where({x} * {beta} > {threshold}, {x}, "
+                f"tl.log(1.0 + tl.exp({x} * {beta})) / {beta})")
+    if name == "where":
+        return f"tl.where({v(a(0))} != 0, {v(a(1))}, {v(a(2))})"
+    if name == "masked_fill":
+        return f"tl.where({v(a(1))} != 0, {v(a(2))}, {x})"
+    if name in ("dropout", "identity", "detach", "view", "reshape", "flatten", "unsqueeze",
+                "squeeze", "unflatten", "contiguous"):
+        return x
+    if name == "batch_norm":
+        mean, var, weight, bias = (a(i) for i in (1, 2, 3, 4))
+        eps = _const(kw("eps", 7, 1e-5))
+        result = f"(({x} - {v(mean)}) * tl.rsqrt({v(var)} + {eps}))"
+        if weight is not None:
+            result = f"({result} * {v(weight)})"
+        if bias is not None:
+            result = f"({result} + {v(bias)})"
+        return result
+    raise Unsupported(f"no elementwise rule for {name}")
+
+
+def channel_aligned_inputs(op: Op) -> list[Ref]:
+    """Inputs an op broadcasts along dimension 1 rather than the trailing one (batch norm)."""
+    if op.name != "batch_norm":
+        return []
+    return [r for r in op.args[1:5] if isinstance(r, Ref)]
