@@ -4,8 +4,9 @@ A region is a convex set of nodes of one graph (no path leaves it and comes back
 replaced by a single call. Regions are grown greedily in graph order:
 - matmul, conv and attention ops anchor a region and take the elementwise ops that follow them
   on their output's shape (the epilogue);
-- a reduction or norm anchors a region, swallows the pointwise chain that only feeds it (the
-  prologue) and takes its epilogue;
+- a reduction or norm anchors a region, swallows the pointwise chain of its input's shape that
+  feeds it (the prologue; a value others read too becomes a second output) and takes its
+  epilogue;
 - remaining elementwise ops (inference-mode batch norm among them: a per-channel affine map)
   form maximal pointwise chains, across any broadcast;
 - every other op with tensor inputs is a one-node `other` region, kept with PyTorch;
@@ -178,11 +179,11 @@ class _Grower:
             if prologue is None or prologue.family != "pointwise" or prologue is region:
                 continue
             members = set(prologue.nodes)
-            only_feeds_node = all(
-                user in members or user is node for m in prologue.nodes for user in m.users
-            )
+            # The row kernel applies the prologue per element of the reduced input; a value the
+            # prologue makes that others also read (a residual stream) becomes a second output.
+            same_shape = all(_same_shape(m, parent) for m in prologue.nodes)
             others = [p for p in node.all_input_nodes if p not in members]
-            if only_feeds_node and not any(self._depends_on(p, prologue) for p in others):
+            if same_shape and not any(self._depends_on(p, prologue) for p in others):
                 for m in prologue.nodes:
                     self.region_of[m] = region
                 region.nodes[:0] = prologue.nodes

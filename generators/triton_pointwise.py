@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from generators.codegen import indent, op_refs
 from generators.expressions import channel_aligned_inputs, elementwise, tl_dtype
 from generators.site_graph import Ref, SiteGraph, Unsupported
 
@@ -87,10 +88,6 @@ class ModelNew(nn.Module):
 '''
 
 
-def _indent(lines: list[str], depth: int) -> str:
-    return "\n".join(" " * depth + line for line in lines)
-
-
 def write_pointwise(graph: SiteGraph, config: PointwiseConfig) -> str:
     """The ModelNew source computing `graph` with one Triton kernel."""
     out = graph.info(graph.outputs[0])
@@ -100,8 +97,7 @@ def write_pointwise(graph: SiteGraph, config: PointwiseConfig) -> str:
     for ref in graph.outputs:
         if graph.info(ref).shape != out.shape:
             raise Unsupported("outputs of different shapes")
-    used = sorted({a.index for op in graph.ops for a in _refs(op.args + tuple(
-        v for _, v in op.kwargs)) if a.is_input})
+    used = sorted({a.index for op in graph.ops for a in op_refs(op) if a.is_input})
     for index in used:
         dtype = graph.inputs[index].dtype
         if not (dtype.is_floating_point or dtype == torch.bool):
@@ -152,21 +148,21 @@ def write_pointwise(graph: SiteGraph, config: PointwiseConfig) -> str:
     return _SOURCE.format(
         ops=" → ".join(op.name for op in graph.ops),
         config=config.describe(),
-        pointer_params=_indent(pointer_params, 4),
-        size_params=_indent([f"size{d}," for d in range(1, rank)], 4),
-        stride_params=_indent([f"in{i}_s{d}," for i in used for d in range(rank)], 4),
-        linear_params=_indent([f"LINEAR_{i}: tl.constexpr," for i in used], 4),
+        pointer_params=indent(pointer_params, 4),
+        size_params=indent([f"size{d}," for d in range(1, rank)], 4),
+        stride_params=indent([f"in{i}_s{d}," for i in used for d in range(rank)], 4),
+        linear_params=indent([f"LINEAR_{i}: tl.constexpr," for i in used], 4),
         widen=".to(tl.int64)" if wide else "",
-        coordinates=_indent(coordinates, 4),
-        loads=_indent(loads, 4),
-        body=_indent(body, 4),
-        stores=_indent(stores, 4),
+        coordinates=indent(coordinates, 4),
+        loads=indent(loads, 4),
+        body=indent(body, 4),
+        stores=indent(stores, 4),
         params=params,
-        aligned=_indent(aligned_views, 8),
+        aligned=indent(aligned_views, 8),
         shapes=shapes,
         rank=rank,
-        views=_indent(views, 8),
-        allocs=_indent(allocs, 8),
+        views=indent(views, 8),
+        allocs=indent(allocs, 8),
         first_out="out0",
         block=config.block,
         pointer_args=", ".join([f"x{i}" for i in used]
@@ -178,13 +174,3 @@ def write_pointwise(graph: SiteGraph, config: PointwiseConfig) -> str:
         num_warps=config.num_warps,
         returns=", ".join(f"out{k}" for k in range(len(graph.outputs))),
     )
-
-
-def _refs(values: tuple) -> list[Ref]:
-    found: list[Ref] = []
-    for value in values:
-        if isinstance(value, Ref):
-            found.append(value)
-        elif isinstance(value, tuple):
-            found += _refs(value)
-    return found

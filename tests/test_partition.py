@@ -58,17 +58,29 @@ def test_graph_breaks_become_more_graphs_and_loops_count_calls():
     assert looped.calls == 2
 
 
-def test_reduction_swallows_its_private_prologue_but_not_a_shared_one():
+def test_reduction_swallows_its_prologue_of_the_same_shape():
     class Model(nn.Module):
         def forward(self, x, y):
             private = F.softmax(torch.exp(x) * 2, dim=-1)
-            shared = x + y
+            shared = x + y  # read again below: fused, with its reader as the epilogue
             return private, F.layer_norm(shared, (8,)), shared * 3
 
-    found = ops_by_family(sites_of(Model(), torch.randn(4, 8), torch.randn(4, 8)))
-    assert ("reduction", ("exp", "mul", "softmax")) in found
-    assert ("reduction", ("layer_norm",)) in found
-    assert ("pointwise", ("add", "mul")) in found
+    table = sites_of(Model(), torch.randn(4, 8), torch.randn(4, 8))
+    assert ops_by_family(table) == {
+        ("reduction", ("exp", "mul", "softmax")),
+        ("reduction", ("add", "layer_norm", "mul")),
+    }
+    norm = next(s for s in table.sites if "layer_norm" in s.problem.ops)
+    assert len(norm.call_sites[0].region.outputs) == 2  # the norm and shared * 3
+
+
+def test_prologue_with_a_smaller_shape_stays_its_own_site():
+    class Model(nn.Module):
+        def forward(self, x, bias):
+            return F.layer_norm(x + bias * 0.5, (8,))  # bias * 0.5 is [8], not a row
+
+    found = ops_by_family(sites_of(Model(), torch.randn(4, 8), torch.randn(8)))
+    assert found == {("pointwise", ("mul", "add")), ("reduction", ("layer_norm",))}
 
 
 def test_epilogue_never_makes_a_region_that_leaves_and_comes_back():
