@@ -1,0 +1,59 @@
+"""The generator interface every kernel writer speaks: a site in, candidate sources out.
+
+Given a site (its problem file), a parent candidate or none, and the feedback on the parent,
+a generator proposes up to N children, each a `ModelNew` source with its tier, the
+generator's name and a one-line rationale. A generator that cannot handle a site says why
+instead of proposing nothing silently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class Feedback:
+    """What the evaluator (and later the profiler) said about a candidate."""
+
+    accepted: bool
+    reason: str = ""
+    latency_ms: float | None = None
+    baseline_ms: float | None = None
+    floor_ms: float | None = None
+    compile_log: str = ""
+
+    @property
+    def speedup(self) -> float | None:
+        if self.latency_ms and self.baseline_ms:
+            return self.baseline_ms / self.latency_ms
+        return None
+
+
+@dataclass(frozen=True)
+class Proposal:
+    source: str
+    tier: str  # "triton" or "cuda"
+    generator: str
+    rationale: str
+    settings: dict[str, object] = field(default_factory=dict)  # the writer's knobs
+
+
+@dataclass(frozen=True)
+class Parent:
+    proposal: Proposal
+    feedback: Feedback | None = None
+
+
+@dataclass(frozen=True)
+class Proposals:
+    children: list[Proposal]
+    declined: str = ""  # why there are no children, when there are none
+
+
+class Generator(Protocol):
+    name: str
+
+    def propose(self, problem: Path, parent: Parent | None, n: int,
+                tiers: tuple[str, ...] = ("triton",)) -> Proposals: ...

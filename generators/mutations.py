@@ -1,0 +1,71 @@
+"""Turning a parent kernel's settings into its children's: one knob moved one step.
+
+Each knob has an ordered ladder of values; a child moves one knob to a neighbouring rung.
+The rationale says which knob moved, from what to what, and why that might pay.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+# Ladders are powers of two because Triton block sizes must be; warps beyond 16 are not
+# allowed and stages beyond 5 only add shared memory on Hopper.
+LADDERS: dict[str, tuple[int, ...]] = {
+    "block": (128, 256, 512, 1024, 2048, 4096, 8192),
+    "num_warps": (1, 2, 4, 8, 16),
+    "num_stages": (1, 2, 3, 4, 5),
+    "block_m": (16, 32, 64, 128, 256),
+    "block_n": (16, 32, 64, 128, 256),
+    "block_k": (16, 32, 64, 128),
+    "group_m": (1, 4, 8, 16),
+    "vector_width": (1, 2, 4, 8),
+    "threads": (64, 128, 256, 512, 1024),
+    "rows_per_block": (1, 2, 4, 8),
+}
+WHY_UP: dict[str, str] = {
+    "block": "more elements per program, fewer programs to schedule",
+    "num_warps": "more warps to hide memory latency",
+    "num_stages": "deeper pipelining of loads",
+    "block_m": "taller tiles reuse each B tile more",
+    "block_n": "wider tiles reuse each A tile more",
+    "block_k": "fewer K iterations",
+    "group_m": "wider groups of programs share B tiles in L2",
+    "vector_width": "wider loads move more bytes per instruction",
+    "threads": "more threads per block in flight",
+    "rows_per_block": "several rows per block amortize launch and reduction overhead",
+}
+WHY_DOWN: dict[str, str] = {
+    "block": "smaller blocks, more programs to fill every SM",
+    "num_warps": "fewer warps, more registers each",
+    "num_stages": "less shared memory, more occupancy",
+    "block_m": "smaller tiles, more programs for small problems",
+    "block_n": "smaller tiles, more programs for small problems",
+    "block_k": "smaller K steps, fewer registers",
+    "group_m": "narrower groups",
+    "vector_width": "narrower loads for odd sizes",
+    "threads": "fewer threads, more registers each",
+    "rows_per_block": "fewer rows per block, more blocks",
+}
+
+
+@dataclass(frozen=True)
+class Step:
+    settings: object
+    rationale: str
+
+
+def neighbours(settings: object) -> list[Step]:
+    """Every settings dataclass one rung away on one ladder, in field order, up before down."""
+    steps: list[Step] = []
+    for knob in fields(settings):
+        ladder = LADDERS.get(knob.name)
+        current = getattr(settings, knob.name)
+        if ladder is None or current not in ladder:
+            continue
+        rung = ladder.index(current)
+        for offset, why in ((1, WHY_UP), (-1, WHY_DOWN)):
+            if 0 <= rung + offset < len(ladder):
+                value = ladder[rung + offset]
+                steps.append(Step(replace(settings, **{knob.name: value}),
+                                  f"{knob.name} {current}→{value}: {why[knob.name]}"))
+    return steps

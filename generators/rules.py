@@ -1,0 +1,121 @@
+"""The offline rules generator: kernels written from the site's graph, no LLM, no network.
+
+Drafts (no parent) are each applicable writer at its default settings and a size-based
+variant; children of a parent move one knob of its settings one step (`mutations`). Sources
+already proposed for the site are skipped, so every child is distinct.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from generators.base import Parent, Proposal, Proposals
+from generators.mutations import neighbours
+from generators.site_graph import SiteGraph, Unsupported, load_site_graph
+from generators.triton_pointwise import PointwiseConfig, write_pointwise
+from generators.triton_reduction import RowConfig, write_row_reduction
+
+
+@dataclass(frozen=True)
+class Writer:
+    family: str
+    tier: str
+    write: Callable[[SiteGraph, object], str]
+    settings_type: type
+    drafts: Callable[[SiteGraph], list[tuple[object, str]]]  # settings and why
+
+    def settings_of(self, proposal: Proposal) -> object | None:
+        """The settings a proposal of this writer was made with, or None if not its own."""
+        if proposal.settings.get("writer") != self.write.__name__:
+            return None
+        return self.settings_type(**{k: v for k, v in proposal.settings.items()
+                                     if k != "writer"})
+
+
+def _pointwise_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
+    numel = graph.info(graph.outputs[0]).numel
+    drafts = [(PointwiseConfig(), "one pass, BLOCK 1024 elements per program")]
+    if numel >= 1 << 22:
+        drafts.append((PointwiseConfig(block=4096, num_warps=8),
+                       "large tensor: BLOCK 4096 with 8 warps keeps more bytes in flight"))
+    return drafts
+
+
+def _row_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
+    row = max(graph.info(r).shape[-1] if graph.info(r).shape else 1 for r in graph.outputs)
+    warps = 4 if row <= 2048 else 8 if row <= 8192 else 16
+    return [(RowConfig(num_warps=warps), f"one row of {row} per program, {warps} warps")]
+
+
+WRITERS = (
+    Writer("pointwise", "triton", write_pointwise, PointwiseConfig, _pointwise_drafts),
+    Writer("reduction", "triton", write_row_reduction, RowConfig, _row_drafts),
+)
+
+
+def _digest(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()
+
+
+class RulesGenerator:
+    name = "rules"
+
+    def __init__(self, writers: tuple[Writer, ...] = WRITERS) -> None:
+        self.writers = writers
+        self._graphs: dict[Path, SiteGraph | Unsupported] = {}
+        self._seen: dict[Path, set[str]] = {}
+
+    def graph(self, problem: Path) -> SiteGraph:
+        problem = problem.resolve()
+        if problem not in self._graphs:
+            try:
+                self._graphs[problem] = load_site_graph(problem)
+            except Unsupported as reason:
+                self._graphs[problem] = reason
+        found = self._graphs[problem]
+        if isinstance(found, Unsupported):
+            raise found
+        return found
+
+    def propose(self, problem: Path, parent: Parent | None, n: int,
+                tiers: tuple[str, ...] = ("triton",)) -> Proposals:
+        try:
+            graph = self.graph(problem)
+        except Unsupported as reason:
+            return Proposals([], declined=str(reason))
+        writers = [w for w in self.writers if w.family == graph.family and w.tier in tiers]
+        if not writers:
+            return Proposals([], declined=f"no {'/'.join(tiers)} rules for {graph.family} sites")
+        seen = self._seen.setdefault(problem.resolve(), set())
+        candidates: list[tuple[Writer, object, str]] = []
+        if parent is None:
+            candidates = [(w, s, why) for w in writers for s, why in w.drafts(graph)]
+        else:
+            owned = [(w, w.settings_of(parent.proposal)) for w in writers]
+            writer, settings = next(((w, s) for w, s in owned if s is not None), (None, None))
+            if writer is None:
+                return Proposals([], declined="the parent was not written by these rules")
+            candidates = [(writer, step.settings, step.rationale)
+                          for step in neighbours(settings)]
+        children: list[Proposal] = []
+        reasons: list[str] = []
+        for writer, settings, why in candidates:
+            if len(children) == n:
+                break
+            try:
+                source = writer.write(graph, settings)
+            except Unsupported as reason:
+                reasons.append(str(reason))
+                continue
+            digest = _digest(source)
+            if digest in seen:
+                continue
+            seen.add(digest)
+            children.append(Proposal(source, writer.tier, self.name, why,
+                                     {"writer": writer.write.__name__, **asdict(settings)}))
+        declined = "" if children else (reasons[0] if reasons else "every child was a duplicate")
+        return Proposals(children, declined)
+

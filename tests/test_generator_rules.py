@@ -1,0 +1,55 @@
+"""The rules generator's interface: drafts, one-knob children, duplicates skipped, reasons."""
+
+from __future__ import annotations
+
+import torch
+
+from core.evaluate import EvalConfig, evaluate
+from generators.base import Parent
+from generators.rules import RulesGenerator
+from tests.test_generator_reduction import write_problem
+
+
+def test_drafts_then_children_that_each_move_one_knob(tmp_path):
+    problem = tmp_path / "problem.py"
+    write_problem(problem, "torch.sigmoid(x) * x + 1.0", "x", torch.float32)
+    generator = RulesGenerator()
+    drafts = generator.propose(problem, None, n=4)
+    assert drafts.children and not drafts.declined
+    draft = drafts.children[0]
+    assert draft.tier == "triton" and draft.generator == "rules" and draft.rationale
+    children = generator.propose(problem, Parent(draft), n=10).children
+    assert children, "no children"
+    sources = {draft.source, *(c.source for c in children)}
+    assert len(sources) == len(children) + 1, "a child repeats a source"
+    for child in children:
+        moved = {k for k, v in child.settings.items() if draft.settings.get(k) != v}
+        assert len(moved) == 1, child.settings
+        assert "→" in child.rationale
+    again = generator.propose(problem, Parent(draft), n=10)
+    assert again.children == [] and "duplicate" in again.declined
+
+
+def test_every_child_is_accepted_by_the_evaluator(tmp_path):
+    problem = tmp_path / "problem.py"
+    write_problem(problem, "torch.nn.functional.layer_norm(x, (37,), w, b) * 2.0", "x, w, b",
+                  torch.float32)
+    generator = RulesGenerator()
+    draft = generator.propose(problem, None, n=1).children[0]
+    children = generator.propose(problem, Parent(draft), n=2).children
+    config = EvalConfig(device="cpu")
+    for proposal in [draft, *children]:
+        verdict = evaluate(problem, proposal.source, config)
+        assert verdict.accepted, (proposal.rationale, verdict.reason)
+
+
+def test_a_site_without_rules_is_declined_with_a_plain_reason(tmp_path):
+    problem = tmp_path / "problem.py"
+    write_problem(problem, "torch.softmax(x, dim=0)", "x", torch.float32)
+    result = RulesGenerator().propose(problem, None, n=3)
+    assert result.children == [] and "dimension 0" in result.declined
+    attention = tmp_path / "attention.py"
+    write_problem(attention, "torch.nn.functional.scaled_dot_product_attention(x, r, x)",
+                  "x, r", torch.float32)
+    declined = RulesGenerator().propose(attention, None, 1).declined
+    assert "no triton rules for attention" in declined
