@@ -4,6 +4,17 @@ from __future__ import annotations
 
 from generators.site_graph import Op, Ref
 
+# Generated candidates are self-contained files, so each carries this helper in its text.
+BROADCAST_SHAPE_HELPER = '''def _broadcast_shape(shapes):
+    rank = max(len(s) for s in shapes)
+    result = [1] * rank
+    for shape in shapes:
+        for i, size in enumerate(shape, rank - len(shape)):
+            if size != 1:
+                result[i] = size
+    return tuple(result)
+'''
+
 
 def indent(lines: list[str], depth: int) -> str:
     return "\n".join(" " * depth + line for line in lines)

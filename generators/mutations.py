@@ -18,7 +18,8 @@ LADDERS: dict[str, tuple[int, ...]] = {
     "block_n": (16, 32, 64, 128, 256),
     "block_k": (16, 32, 64, 128),
     "group_m": (1, 4, 8, 16),
-    "vector_width": (1, 2, 4, 8),
+    "vector_bytes": (4, 8, 16),
+    "blocks_per_sm": (1, 2, 4, 8, 16),
     "threads": (64, 128, 256, 512, 1024),
     "rows_per_block": (1, 2, 4, 8),
 }
@@ -30,7 +31,8 @@ WHY_UP: dict[str, str] = {
     "block_n": "wider tiles reuse each A tile more",
     "block_k": "fewer K iterations",
     "group_m": "wider groups of programs share B tiles in L2",
-    "vector_width": "wider loads move more bytes per instruction",
+    "vector_bytes": "wider loads move more bytes per instruction",
+    "blocks_per_sm": "more resident blocks per SM to hide latency",
     "threads": "more threads per block in flight",
     "rows_per_block": "several rows per block amortize launch and reduction overhead",
 }
@@ -42,7 +44,8 @@ WHY_DOWN: dict[str, str] = {
     "block_n": "smaller tiles, more programs for small problems",
     "block_k": "smaller K steps, fewer registers",
     "group_m": "narrower groups",
-    "vector_width": "narrower loads for odd sizes",
+    "vector_bytes": "narrower loads, fewer registers",
+    "blocks_per_sm": "fewer blocks, each looping over more of the grid",
     "threads": "fewer threads, more registers each",
     "rows_per_block": "fewer rows per block, more blocks",
 }

@@ -12,9 +12,15 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import torch
+
 from generators.base import Parent, Proposal, Proposals
+from generators.cuda_pointwise import CudaPointwiseConfig, write_cuda_pointwise
+from generators.cuda_reduction import CudaReductionConfig, write_cuda_reduction
 from generators.mutations import neighbours
 from generators.site_graph import SiteGraph, Unsupported, load_site_graph
+from generators.triton_conv import write_conv_epilogue
+from generators.triton_matmul import MatmulConfig, write_triton_matmul
 from generators.triton_pointwise import PointwiseConfig, write_pointwise
 from generators.triton_reduction import RowConfig, write_row_reduction
 
@@ -50,9 +56,39 @@ def _row_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
     return [(RowConfig(num_warps=warps), f"one row of {row} per program, {warps} warps")]
 
 
+def _matmul_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
+    out = graph.info(graph.outputs[0])
+    drafts = [(MatmulConfig(), "128×128×32 tiles, GROUP_M 8, 3 stages: a balanced start")]
+    if out.dtype in (torch.float16, torch.bfloat16):
+        drafts.append((MatmulConfig(block_m=128, block_n=256, block_k=64, num_warps=8),
+                       "half precision: 128×256×64 tiles with 8 warps feed the tensor cores"))
+    if out.numel < 1 << 20:
+        drafts.append((MatmulConfig(block_m=64, block_n=64, num_warps=4),
+                       "small output: 64×64 tiles give every SM a program"))
+    return drafts
+
+
+def _cuda_pointwise_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
+    return [(CudaPointwiseConfig(), "16-byte vector loads, grid-stride over 4 blocks per SM")]
+
+
+def _cuda_row_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
+    row = graph.info(graph.outputs[0]).shape[-1] if graph.info(graph.outputs[0]).shape else 1
+    if row <= 1024:
+        return [(CudaReductionConfig(threads=256, rows_per_block=4),
+                 f"short rows of {row}: 4 rows per block, warp-shuffle reductions")]
+    return [(CudaReductionConfig(threads=512 if row > 4096 else 256),
+             f"one row of {row} per block, warp shuffles then shared memory")]
+
+
 WRITERS = (
     Writer("pointwise", "triton", write_pointwise, PointwiseConfig, _pointwise_drafts),
     Writer("reduction", "triton", write_row_reduction, RowConfig, _row_drafts),
+    Writer("matmul", "triton", write_triton_matmul, MatmulConfig, _matmul_drafts),
+    Writer("conv", "triton", write_conv_epilogue, PointwiseConfig, _pointwise_drafts),
+    Writer("pointwise", "cuda", write_cuda_pointwise, CudaPointwiseConfig,
+           _cuda_pointwise_drafts),
+    Writer("reduction", "cuda", write_cuda_reduction, CudaReductionConfig, _cuda_row_drafts),
 )
 
 

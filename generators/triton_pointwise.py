@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from generators.codegen import indent, op_refs
+from generators.codegen import BROADCAST_SHAPE_HELPER, indent, op_refs
 from generators.expressions import channel_aligned_inputs, elementwise, tl_dtype
 from generators.site_graph import Ref, SiteGraph, Unsupported
 
@@ -27,7 +27,7 @@ class PointwiseConfig:
         return f"BLOCK {self.block}, {self.num_warps} warps"
 
 
-_SOURCE = '''"""Kiln rules kernel (triton, pointwise): {ops}. {config}."""
+_SOURCE = '''"""{title}"""
 
 import torch
 import torch.nn as nn
@@ -52,17 +52,9 @@ def pointwise_kernel(
 {stores}
 
 
-def _broadcast_shape(shapes):
-    rank = max(len(s) for s in shapes)
-    result = [1] * rank
-    for shape in shapes:
-        for i, size in enumerate(shape, rank - len(shape)):
-            if size != 1:
-                result[i] = size
-    return tuple(result)
+{broadcast_helper}
 
-
-class ModelNew(nn.Module):
+class {class_name}(nn.Module):
     def __init__(self):
         super().__init__()
 
@@ -88,8 +80,12 @@ class ModelNew(nn.Module):
 '''
 
 
-def write_pointwise(graph: SiteGraph, config: PointwiseConfig) -> str:
-    """The ModelNew source computing `graph` with one Triton kernel."""
+def write_pointwise(graph: SiteGraph, config: PointwiseConfig, class_name: str = "ModelNew",
+                    title: str | None = None) -> str:
+    """The source of module `class_name` computing `graph` with one Triton kernel.
+
+    Other writers embed it under another name (a conv's epilogue) with their own title.
+    """
     out = graph.info(graph.outputs[0])
     rank = len(out.shape)
     if rank == 0:
@@ -145,9 +141,11 @@ def write_pointwise(graph: SiteGraph, config: PointwiseConfig) -> str:
         f"dtype={graph.info(ref).dtype})" for k, ref in enumerate(graph.outputs)
     ]
     wide = out.numel >= 2**31
+    ops = " → ".join(op.name for op in graph.ops)
     return _SOURCE.format(
-        ops=" → ".join(op.name for op in graph.ops),
-        config=config.describe(),
+        broadcast_helper=BROADCAST_SHAPE_HELPER,
+        title=title or f"Kiln rules kernel (triton, pointwise): {ops}. {config.describe()}.",
+        class_name=class_name,
         pointer_params=indent(pointer_params, 4),
         size_params=indent([f"size{d}," for d in range(1, rank)], 4),
         stride_params=indent([f"in{i}_s{d}," for i in used for d in range(rank)], 4),

@@ -22,7 +22,8 @@ BODIES = {
     "mean_keepdim": ("torch.relu(x).mean(-1, keepdim=True) * 3.0", "x"),
     "amax": ("torch.amax(x, dim=-1)", "x"),
 }
-SHAPES = {"x": "(3, 5, 37)", "r": "(3, 5, 37)", "b": "(37,)", "w": "(37,)"}
+SHAPES = {"x": "(3, 5, 37)", "r": "(3, 5, 37)", "b": "(37,)", "w": "(37,)",
+          "m": "(11, 37)"}
 
 
 def write_problem(path, body: str, args: str, dtype: torch.dtype) -> None:

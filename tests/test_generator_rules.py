@@ -53,3 +53,20 @@ def test_a_site_without_rules_is_declined_with_a_plain_reason(tmp_path):
                   "x, r", torch.float32)
     declined = RulesGenerator().propose(attention, None, 1).declined
     assert "no triton rules for attention" in declined
+
+
+def test_each_family_and_tier_has_drafts(tmp_path):
+    cases = {
+        ("pointwise", "cuda"): ("torch.relu(x) + b", "x, b"),
+        ("reduction", "cuda"): ("torch.softmax(x, dim=-1)", "x"),
+        ("matmul", "triton"): ("torch.relu(torch.nn.functional.linear(x, m))", "x, m"),
+    }
+    generator = RulesGenerator()
+    for (family, tier), (body, args) in cases.items():
+        problem = tmp_path / f"{family}_{tier}.py"
+        write_problem(problem, body, args, torch.float16)
+        drafts = generator.propose(problem, None, n=3, tiers=(tier,))
+        assert drafts.children, (family, tier, drafts.declined)
+        assert all(d.tier == tier for d in drafts.children)
+        children = generator.propose(problem, Parent(drafts.children[0]), n=2, tiers=(tier,))
+        assert children.children, (family, tier, children.declined)

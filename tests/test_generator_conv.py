@@ -1,0 +1,122 @@
+"""Rules Triton for conv sites: the vendor conv kept, bias and epilogue fused into one pass."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from core.evaluate import EvalConfig, evaluate
+from generators.site_graph import Unsupported, load_site_graph
+from generators.triton_conv import write_conv_epilogue
+from generators.triton_pointwise import PointwiseConfig
+from tests.test_site_problems import import_problem
+
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 2e-2}
+BN = "torch.nn.functional.batch_norm(v, mean, var, g, b, False, 0.1, 1e-5)"
+
+
+def write_problem(path: Path, conv: str, epilogue: list[str], shapes: dict[str, str],
+                  dtype: torch.dtype) -> Path:
+    """`shapes` names every forward argument; `var` is drawn positive."""
+    draws = ", ".join(f"(torch.rand({s}) + 0.5).to({dtype})" if name == "var"
+                      else f"torch.randn({s}).to({dtype})" for name, s in shapes.items())
+    lines = [f"        v = {conv}"] + [f"        v = {e}" for e in epilogue]
+    path.write_text(
+        "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
+        f"    def forward(self, {', '.join(shapes)}):\n" + "\n".join(lines)
+        + "\n        return v\n\n\n"
+        f"def get_inputs():\n    return [{draws}]\n\n\ndef get_init_inputs():\n    return []\n")
+    return path
+
+
+def check(problem_path: Path, config: PointwiseConfig) -> str:
+    source = write_conv_epilogue(load_site_graph(problem_path), config)
+    namespace: dict = {}
+    exec(compile(source, "model_new.py", "exec"), namespace)
+    problem = import_problem(problem_path)
+    torch.manual_seed(5)
+    inputs = problem.get_inputs()
+    with torch.no_grad():
+        expected = problem.Model()(*inputs)
+        actual = namespace["ModelNew"]()(*inputs)
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape, (
+        f"got {actual.dtype} {tuple(actual.shape)}, expected {expected.dtype} "
+        f"{tuple(expected.shape)}")
+    scale = expected.double().abs().max().item() + 1e-6
+    error = (actual.double() - expected.double()).abs()
+    worst = error.max().item() / scale
+    where = tuple(int(i) for i in torch.nonzero(error == error.max())[0])
+    assert worst <= TOLERANCE[expected.dtype], (
+        f"relative error {worst:.3g} at {where}: {actual[where].item()} vs "
+        f"{expected[where].item()}\n{problem_path.read_text()}")
+    return source
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_conv_batch_norm_residual_relu_like_resnet(dtype, tmp_path):
+    path = write_problem(
+        tmp_path / "problem.py", "torch.nn.functional.conv2d(x, w, None, 1, 1)",
+        [BN, "v + r", "torch.relu(v)"],
+        {"x": "2, 3, 7, 9", "w": "5, 3, 3, 3", "mean": "5", "var": "5", "g": "5", "b": "5",
+         "r": "2, 5, 7, 9"}, dtype)
+    source = check(path, PointwiseConfig(block=64))
+    assert "torch.nn.functional.conv2d(in0, in1, None, 1, 1)" in source
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_conv_bias_is_fused_into_the_epilogue(dtype, tmp_path):
+    path = write_problem(
+        tmp_path / "problem.py", "torch.nn.functional.conv2d(x, w, cb, 2, 1, 1, 2)",
+        ["v * 0.5", "torch.nn.functional.silu(v)"],
+        {"x": "3, 4, 11, 5", "w": "6, 2, 3, 3", "cb": "6"}, dtype)
+    source = check(path, PointwiseConfig(block=32, num_warps=2))
+    assert "conv2d(in0, in1, None, 2, 1, 1, 2)" in source
+    assert "in2.reshape(1, -1, 1, 1)" in source
+    assert "conv2d (torch, no bias) → bias → mul → silu" in source.splitlines()[0]
+
+
+def test_conv1d_and_conv_transpose_epilogues(tmp_path):
+    conv1d = write_problem(
+        tmp_path / "conv1d.py", "torch.nn.functional.conv1d(x, w, cb, padding=2)",
+        ["torch.tanh(v)"], {"x": "2, 3, 13", "w": "4, 3, 5", "cb": "4"}, torch.float32)
+    check(conv1d, PointwiseConfig(block=16))
+    transposed = write_problem(
+        tmp_path / "transposed.py", "torch.nn.functional.conv_transpose2d(x, w, cb, 2)",
+        ["torch.nn.functional.leaky_relu(v, 0.1)"],
+        {"x": "1, 3, 5, 4", "w": "3, 2, 3, 3", "cb": "2"}, torch.float32)
+    check(transposed, PointwiseConfig(block=128))
+
+
+def test_candidates_pass_the_evaluator(tmp_path):
+    path = write_problem(
+        tmp_path / "problem.py", "torch.nn.functional.conv2d(x, w, cb, 1, 1)",
+        [BN, "torch.relu(v)"],
+        {"x": "2, 3, 6, 7", "w": "4, 3, 3, 3", "cb": "4", "mean": "4", "var": "4", "g": "4",
+         "b": "4"}, torch.float32)
+    verdict = evaluate(path, write_conv_epilogue(load_site_graph(path), PointwiseConfig(64)),
+                       EvalConfig(device="cpu", time=False))
+    assert verdict.accepted, verdict.reason
+    assert verdict.library_ops == ["aten.convolution"] and verdict.kernel_launches == 1
+
+
+def test_a_bare_conv_leaves_nothing_to_fuse(tmp_path):
+    path = write_problem(tmp_path / "problem.py", "torch.nn.functional.conv2d(x, w)", ["v"],
+                         {"x": "1, 2, 5, 5", "w": "3, 2, 3, 3"}, torch.float32)
+    with pytest.raises(Unsupported, match="no epilogue"):
+        write_conv_epilogue(load_site_graph(path), PointwiseConfig())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_resnet_block_epilogue_is_accepted_on_gpu(dtype, tmp_path):
+    path = write_problem(
+        tmp_path / "problem.py", "torch.nn.functional.conv2d(x, w, None, 1, 1)",
+        [BN, "v + r", "torch.relu(v)"],
+        {"x": "8, 64, 56, 56", "w": "64, 64, 3, 3", "mean": "64", "var": "64", "g": "64",
+         "b": "64", "r": "8, 64, 56, 56"}, dtype)
+    verdict = evaluate(path, write_conv_epilogue(load_site_graph(path), PointwiseConfig(1024)),
+                       EvalConfig(device="cuda"))
+    assert verdict.accepted, verdict.reason
+    assert verdict.library_ops == ["aten.convolution"]
