@@ -17,6 +17,7 @@ on a pycuda stream that torch sees as an `ExternalStream`, fenced on both sides 
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import shutil
 import subprocess
@@ -49,6 +50,8 @@ def ensure_context(device_index: int | None = None) -> int:
         drv.init()
         context = drv.Device(index).retain_primary_context()
         context.push()
+        # pycuda aborts the process at exit if a context is still on its stack.
+        atexit.register(context.pop)
         _contexts[index] = context
     return index
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from core.timing import TimingStats, synchronize, time_callable
+from core.timing import TimingStats, synchronize, time_callable, time_once
 
 # The flush buffer is twice the L2 size: H200's L2 is 60 MiB, so 120 MiB.
 FLUSH_FACTOR = 2
@@ -61,8 +61,14 @@ def time_model(
     device: torch.device,
     warmup: int,
     trials: int,
+    warmup_ms: float = 0.0,
 ) -> TimingStats:
-    """Median latency of `model(*inputs)`, rotating through `input_sets`, L2 flushed each trial."""
+    """Median latency of `model(*inputs)`, rotating through `input_sets`, L2 flushed each trial.
+
+    Warm-up lasts `warmup` calls and at least `warmup_ms` of device time: an idle GPU runs at
+    a fraction of its clock until it has been busy for a while, and a fixed handful of
+    microsecond-scale calls does not get it there.
+    """
     flush = make_flush(device)
     position = [0]
 
@@ -74,6 +80,10 @@ def time_model(
         model(*input_sets[position[0]])
 
     with torch.no_grad():
+        if warmup_ms > 0:
+            before_each()
+            estimate = max(time_once(call, device), 1e-3)
+            warmup = max(warmup, math.ceil(warmup_ms / estimate))
         stats = time_callable(call, device, warmup=warmup, trials=trials, before_each=before_each)
     synchronize(device)
     return stats

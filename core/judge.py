@@ -223,9 +223,9 @@ class Judge:
         cand_sets = [clone_inputs(pristine) for _ in range(copies)]
         with exclusive_device(config.gpu_lock):
             base = time_model(models.reference, base_sets, device, config.warmup_count,
-                              config.trial_count)
+                              config.trial_count, config.warmup_time_ms)
             cand = time_model(models.candidate, cand_sets, device, config.warmup_count,
-                              config.trial_count)
+                              config.trial_count, config.warmup_time_ms)
         record_timing(verdict, cand, base)
 
     def reverify(self, verdict: Verdict, models: Models, device: torch.device,

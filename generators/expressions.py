@@ -172,4 +172,9 @@ def channel_aligned_inputs(op: Op) -> list[Ref]:
     """Inputs an op broadcasts along dimension 1 rather than the trailing one (batch norm)."""
     if op.name != "batch_norm":
         return []
-    return [r for r in op.args[1:5] if isinstance(r, Ref)]
+    params = [r for r in op.args[1:5] if isinstance(r, Ref)]
+    if any(not r.is_input for r in params):
+        # A statistic computed inside the site has the channel shape but would be indexed
+        # like the output's trailing dimension.
+        raise Unsupported("batch norm statistics computed inside the site")
+    return params

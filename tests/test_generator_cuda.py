@@ -57,8 +57,8 @@ POINTWISE = {
         v = v + torch.rsqrt(y.abs() + 1.0) + torch.sin(x) + torch.cos(y) + torch.erf(x)
         v = v + torch.exp2(y) + torch.log2(x.abs() + 1.0) + torch.log1p(y.abs())
         v = v + torch.expm1(x)"""),
-    "batch_norm": ("x, m, var, w, b", [(2, 3, 4, 5), (3,), (3,), (3,), (3,)], """
-        v = F.batch_norm(x, m, var.abs() + 0.5, w, b, False, 0.1, 1e-5)
+    "batch_norm": ("x, m, var, w, b", [(2, 3, 4, 5), (3,), "torch.rand(3) + 0.5", (3,), (3,)], """
+        v = F.batch_norm(x, m, var, w, b, False, 0.1, 1e-5)
         v = torch.relu(v)"""),
 }
 EXPRESSION_OPS = set("""add sub mul div true_divide multiply subtract divide rsub eq ne lt le gt ge
@@ -92,8 +92,11 @@ REDUCTION_CONFIGS = [CudaReductionConfig(), CudaReductionConfig(threads=128, row
                      CudaReductionConfig(threads=1024, rows_per_block=2)]
 
 
-def problem_source(params: str, shapes: list[tuple[int, ...]], body: str, dtype: str) -> str:
-    draws = ", ".join(f"torch.randn({shape}).to(torch.{DTYPES[dtype]})" for shape in shapes)
+def problem_source(params: str, shapes: list[tuple[int, ...] | str], body: str,
+                   dtype: str) -> str:
+    # A shape draws normal values; a string is a draw of its own (a positive variance).
+    draws = ", ".join(f"({shape if isinstance(shape, str) else f'torch.randn({shape})'})"
+                      f".to(torch.{DTYPES[dtype]})" for shape in shapes)
     return ("import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n\n"
             f"class Model(nn.Module):\n    def forward(self, {params}):{body}\n        return v\n"
             f"\n\ndef get_inputs():\n    return [{draws}]\n\n\ndef get_init_inputs():\n"

@@ -165,8 +165,10 @@ def test_sites_it_cannot_handle_say_why(tmp_path):
 def test_realistic_linear_gelu_is_accepted_on_gpu(dtype, tmp_path):
     path = write_problem(tmp_path / "problem.py", "linear", ["torch.nn.functional.gelu(v)"], [],
                          {"M": 1000, "N": 3072, "K": 768, "B": 4}, dtype)
+    # fp32 stays IEEE: tf32 operands at K=768 landed at 4.1e-4 of the output's scale on an
+    # H200, over the 3e-4 tf32 tolerance, and are rightly rejected.
     config = MatmulConfig(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8,
-                          num_stages=3, allow_tf32=dtype == torch.float32)
+                          num_stages=3)
     verdict = evaluate(path, write_triton_matmul(load_site_graph(path), config),
                        EvalConfig(device="cuda"))
     assert verdict.accepted, verdict.reason
