@@ -12,8 +12,8 @@ import torch
 # steady while costing a few milliseconds; the Triton interpreter on the CPU runs a small kernel
 # in tens of milliseconds, so a few trials show the rules run without making CI slow.
 DEFAULT_WARMUP = {"cuda": 10, "cpu": 1}
-# On an H200 ten warm-ups of a 50 µs kernel left the clocks ramping: the same kernel's median
-# spread 50% across ten evaluations. At least 100 ms of work first, as do_bench does (25 ms).
+# On an H200 ten warm-ups of a 50 µs kernel were too few to bring an idle GPU's clocks up: at
+# least 100 ms of calls come first (triton's do_bench warms up for 25 ms).
 DEFAULT_WARMUP_MS = {"cuda": 100.0, "cpu": 0.0}
 DEFAULT_TRIALS = {"cuda": 100, "cpu": 3}
 

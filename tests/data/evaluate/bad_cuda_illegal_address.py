@@ -1,4 +1,6 @@
-"""Crash on the GPU: writes through a null pointer, an illegal address that poisons the context."""
+"""Crash on the GPU: writes a terabyte past its output, an illegal address that poisons the context.
+
+(A null pointer is not enough: on an H200 a write to address 0 completed without an error.)"""
 import torch
 import torch.nn as nn
 
@@ -7,7 +9,7 @@ from core.cuda_runtime import load_kernel
 SOURCE = r"""
 __global__ void fused(const float* x, const float* y, float* out, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
-    float* nowhere = (float*)0;
+    float* nowhere = out + (1ull << 38);
     if (i < n) {
         nowhere[i] = x[i] * y[i] + x[i];
     }
