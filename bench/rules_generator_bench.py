@@ -1,0 +1,142 @@
+"""The rules generator on a GPU: for each family at realistic sizes, the best rules kernel
+against eager, torch.compile and its roofline floor. Prints one table.
+
+    python bench/rules_generator_bench.py [--workers 4] [--children 4] [--only NAME]
+
+Each site gets the generator's drafts (Triton, and CUDA where the family has it) and one round
+of children of every draft; all are judged by the evaluator on the GPU, and the fastest
+accepted one is the family's result. Targets: memory-bound families at >= 85% of the byte
+floor and never slower than torch.compile; matmul with epilogue within 10% of torch.compile in
+bf16; conv with epilogue faster than eager.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from core.eval_timing import time_model  # noqa: E402
+from core.evaluate import EvalConfig, Evaluator  # noqa: E402
+from core.load import import_file  # noqa: E402
+from core.roofline import GpuPeaks  # noqa: E402
+from generators.base import Parent  # noqa: E402
+from generators.rules import RulesGenerator  # noqa: E402
+
+PEAKS = GpuPeaks()
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    family: str
+    params: str
+    body: str
+    inputs: str
+    bytes: int
+    flops: int = 0
+    tiers: tuple[str, ...] = ("triton", "cuda")
+
+
+N = 8192
+CASES = [
+    Case("gelu chain 8192² fp32", "pointwise", "x",
+         "torch.nn.functional.gelu(x) * torch.sigmoid(x) + 0.1 * x",
+         f"torch.randn({N}, {N})", 2 * N * N * 4),
+    Case("bias + gelu 8192² bf16", "pointwise", "x, b", "torch.nn.functional.gelu(x + b)",
+         f"torch.randn({N}, {N}).bfloat16(), torch.randn({N}).bfloat16()", 2 * N * N * 2),
+    Case("softmax 8192² fp32", "reduction", "x", "torch.softmax(x, dim=-1)",
+         f"torch.randn({N}, {N})", 2 * N * N * 4),
+    Case("layer_norm 8192×4096 fp32", "reduction", "x, w, b",
+         "torch.nn.functional.layer_norm(x, (4096,), w, b)",
+         f"torch.randn({N}, 4096), torch.randn(4096), torch.randn(4096)", 2 * N * 4096 * 4),
+    Case("rms_norm 8192×4096 bf16", "reduction", "x, w",
+         "torch.nn.functional.rms_norm(x, (4096,), w, 1e-6)",
+         f"torch.randn({N}, 4096).bfloat16(), torch.randn(4096).bfloat16()", 2 * N * 4096 * 2),
+    Case("linear + gelu 4096³ bf16", "matmul", "x, w, b",
+         "torch.nn.functional.gelu(torch.nn.functional.linear(x, w, b))",
+         "torch.randn(4096, 4096).bfloat16(), (torch.randn(4096, 4096) / 64).bfloat16(), "
+         "torch.randn(4096).bfloat16()", 3 * 4096 * 4096 * 2, 2 * 4096**3, ("triton",)),
+    Case("conv3x3 + bn + relu, 32×256×56² bf16", "conv", "x, w, m, v, g, b",
+         "torch.relu(torch.nn.functional.batch_norm(torch.nn.functional.conv2d(x, w, None, 1, 1),"
+         " m, v, g, b, False, 0.1, 1e-5))",
+         "torch.randn(32, 256, 56, 56).bfloat16(), (torch.randn(256, 256, 3, 3) / 48).bfloat16(),"
+         " torch.randn(256).bfloat16(), (torch.rand(256) + 0.5).bfloat16(),"
+         " torch.randn(256).bfloat16(), torch.randn(256).bfloat16()",
+         2 * 32 * 256 * 56 * 56 * 2, 2 * 32 * 256 * 56 * 56 * 256 * 9, ("triton",)),
+]
+
+
+def problem_source(case: Case) -> str:
+    return ("import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
+            f"    def forward(self, {case.params}):\n        return {case.body}\n\n\n"
+            f"def get_inputs():\n    return [{case.inputs}]\n\n\n"
+            "def get_init_inputs():\n    return []\n")
+
+
+def reference_times(problem: Path) -> tuple[float, float]:
+    """Eager and torch.compile medians of the problem, under the evaluator's timing rules."""
+    module = import_file(problem, f"bench_{problem.parent.name}")
+    torch.manual_seed(0)
+    inputs = [x.cuda() for x in module.get_inputs()]
+    model = module.Model().cuda()
+    compiled = torch.compile(model)
+    device = torch.device("cuda")
+    eager = time_model(model, [inputs], device, warmup=10, trials=50).median_ms
+    fused = time_model(compiled, [inputs], device, warmup=10, trials=50).median_ms
+    return eager, fused
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--children", type=int, default=4, help="children per draft")
+    parser.add_argument("--only", default="", help="cases whose name contains this")
+    args = parser.parse_args()
+    generator = RulesGenerator()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="kiln-rules-bench-") as folder, \
+            Evaluator(EvalConfig(device="cuda"), workers=args.workers) as evaluator:
+        for index, case in enumerate(c for c in CASES if args.only in c.name):
+            problem = Path(folder) / f"case{index}" / "problem.py"
+            problem.parent.mkdir()
+            problem.write_text(problem_source(case))
+            drafts = []
+            for tier in case.tiers:
+                drafts += generator.propose(problem, None, n=3, tiers=(tier,)).children
+            proposals = list(drafts)
+            for draft in drafts:
+                proposals += generator.propose(problem, Parent(draft), n=args.children,
+                                               tiers=(draft.tier,)).children
+            verdicts = evaluator.evaluate_many([(problem, p.source) for p in proposals])
+            eager, compiled = reference_times(problem)
+            accepted = [(v, p) for v, p in zip(verdicts, proposals, strict=True) if v.accepted]
+            rejected = [v.reason for v in verdicts if not v.accepted]
+            floor = max(case.bytes / PEAKS.bandwidth,
+                        case.flops / PEAKS.matrix_flops["bf16"]) * 1e3
+            best = min(accepted, key=lambda a: a[0].latency_ms, default=None)
+            rows.append((case, best, eager, compiled, floor, len(proposals), rejected))
+            print(f"{case.name}: {len(accepted)}/{len(proposals)} accepted"
+                  + (f"; first rejection: {rejected[0]}" if rejected else ""), flush=True)
+    print(f"\n{'site':38}{'tier':>7}{'best ms':>9}{'eager':>8}{'compile':>9}{'floor':>8}"
+          f"{'x eager':>8}{'x comp':>8}{'% floor':>8}  best kernel")
+    for case, best, eager, compiled, floor, tried, _ in rows:
+        if best is None:
+            print(f"{case.name:38}{'-':>7}  no accepted kernel of {tried}")
+            continue
+        verdict, proposal = best
+        ms = verdict.latency_ms
+        print(f"{case.name:38}{proposal.tier:>7}{ms:9.4f}{eager:8.4f}{compiled:9.4f}"
+              f"{floor:8.4f}{eager / ms:8.2f}{compiled / ms:8.2f}{100 * floor / ms:7.0f}%  "
+              f"{proposal.rationale[:60]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
