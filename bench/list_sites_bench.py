@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from core.load import BuiltinShape
-from core.optimize import ListSitesConfig, list_sites
+from core.pipeline import ListSitesConfig, list_sites
 from core.profile import ProfileConfig
 from core.report import print_site_table
 

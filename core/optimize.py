@@ -1,58 +1,29 @@
-"""`python -m core.optimize MODEL`: load, capture, cut into sites, profile, report."""
+"""`python -m core.optimize MODEL`: profile a model, search kernels for its hot sites, report.
+
+With `--list-sites` it stops after profiling and prints the ranked site table.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass
+import os
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from core.capture import capture
 from core.errors import KilnInputError, exit_on_input_error
-from core.load import DTYPES, BuiltinShape, check_runs, load_model, resolve_device
-from core.profile import ProfileConfig, profile_model
+from core.load import DTYPES, BuiltinShape
+from core.pipeline import ListSitesConfig, list_sites
+from core.profile import ProfileConfig
 from core.progress import Progress
-from core.report import print_site_table, ranked, site_report
+from core.report import print_search_table, print_site_table
 from core.roofline import GpuPeaks
-from core.sites import find_sites, write_site_folder
+from core.run import OptimizeConfig, OptimizeRun
+from core.search import SearchConfig
 
-
-@dataclass(frozen=True)
-class ListSitesConfig:
-    model: str
-    device: str
-    dtype: str | None = None
-    seed: int = 0
-    out: Path = Path("kiln-out")
-    shape: BuiltinShape = BuiltinShape()
-    profile: ProfileConfig = ProfileConfig()
-    peaks: GpuPeaks = GpuPeaks()
-    max_input_bytes: int = 256 * 2**20
-    quiet: bool = False
-
-
-def list_sites(config: ListSitesConfig) -> dict[str, object]:
-    """Everything `--list-sites` does; returns the JSON report."""
-    progress = Progress(enabled=not config.quiet)
-    device = resolve_device(config.device)
-    progress.step(f"loading {config.model}")
-    loaded = load_model(config.model, device, config.dtype, config.seed, config.shape)
-    check_runs(loaded, config.dtype)
-    progress.step("capturing graphs through torch.compile")
-    captured = capture(loaded.model, loaded.inputs, device)
-    table = find_sites(captured, config.peaks)
-    progress.step(f"{len(captured.graphs)} graph(s), {len(table.sites)} site(s); profiling")
-    profile = profile_model(loaded, captured, table, config.profile,
-                            progress.bar("profiling forwards"))
-    folder = config.out / loaded.name / "sites"
-    for site in ranked(table):
-        write_site_folder(site, folder, config.max_input_bytes)
-    progress.step(f"site problems written under {folder}")
-    dtype = config.dtype or str(next(loaded.model.parameters(), torch.empty(0)).dtype)
-    return site_report(config.model, dtype, device.type, profile, table,
-                       len(captured.graphs), config.peaks.name)
+TIERS = ("triton", "cuda")
 
 
 def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, ListSitesConfig]:
@@ -79,7 +50,30 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, ListSitesConfig]
                         help="GPU memory bandwidth for floors, TB/s (default: H200)")
     parser.add_argument("--matrix-tflops", type=float,
                         help="matrix peak for the model's dtype, TFLOP/s (default: H200)")
+    search = parser.add_argument_group("search (without --list-sites)")
+    search.add_argument("--budget", type=float, default=10.0, help="minutes of search")
+    search.add_argument("--max-candidates", type=int, default=200,
+                        help="kernels evaluated in all, across sites")
+    search.add_argument("--sites", type=int, default=5, help="how many of the hottest sites")
+    search.add_argument("--tiers", default="triton,cuda",
+                        help="comma-separated: triton, cuda (cuda needs a GPU)")
+    search.add_argument("--cuda-share", type=float, default=0.10,
+                        help="a site still holding this share of the model time gets CUDA")
+    search.add_argument("--generator", choices=["rules"], default="rules",
+                        help="who writes kernels (the offline rules)")
+    search.add_argument("--db", type=Path, default=Path(os.environ.get("KILN_DB", "kiln.db")),
+                        help="the kernel store (default: $KILN_DB, else ./kiln.db)")
+    search.add_argument("--workers", type=int, default=2, help="evaluation worker processes")
     args = parser.parse_args(argv)
+    tiers = tuple(t.strip() for t in args.tiers.split(",") if t.strip())
+    unknown = [t for t in tiers if t not in TIERS]
+    if unknown or not tiers:
+        raise KilnInputError(f"unknown tier(s) in --tiers {args.tiers!r}",
+                             "pass --tiers triton, --tiers cuda or --tiers triton,cuda")
+    args.tiers = tiers
+    if args.max_candidates < 1 or args.sites < 1 or args.workers < 1 or args.budget <= 0:
+        raise KilnInputError("--budget, --max-candidates, --sites and --workers must be "
+                             "positive", "pass positive numbers")
     if args.trials < 1 or args.warmup < 0 or args.batch < 1 or args.seq_len < 1:
         raise KilnInputError("--trials, --batch and --seq-len must be positive, --warmup >= 0",
                              "pass positive counts")
@@ -100,14 +94,30 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, ListSitesConfig]
 
 def main(argv: list[str] | None = None) -> int:
     args, config = _parse(argv)
-    if not args.list_sites:
-        raise KilnInputError("this version of Kiln profiles models but does not search yet",
-                             "add --list-sites")
-    report = list_sites(config)
+    if args.list_sites:
+        report = list_sites(config)
+        if args.json:
+            print(json.dumps(report, indent=2))
+        else:
+            print_site_table(report)
+        return 0
+    tiers = args.tiers
+    progress = Progress()
+    if args.device == "cpu" and "cuda" in tiers:
+        progress.step("the CUDA tier needs a GPU: searching Triton kernels only, under the "
+                      "Triton interpreter (CPU timings)")
+        tiers = tuple(t for t in tiers if t != "cuda") or ("triton",)
+    run = OptimizeRun(OptimizeConfig(
+        profile=replace(config, quiet=args.json), db=args.db, budget_minutes=args.budget,
+        max_candidates=args.max_candidates, sites=args.sites, tiers=tiers,
+        cuda_share=args.cuda_share, workers=args.workers,
+        search=SearchConfig(seed=args.seed)), progress)
+    report = run.execute()
     if args.json:
         print(json.dumps(report, indent=2))
     else:
         print_site_table(report)
+        print_search_table(report)
     return 0
 
 

@@ -76,6 +76,17 @@ def print_site_table(report: dict, out=sys.stdout) -> None:
           f"program, {_percent(accounted, total)} of eager", file=out)
 
 
+def print_search_table(report: dict, out=sys.stdout) -> None:
+    """Each searched site's best kernel after an optimize run."""
+    print(f"\nrun {report['run_id']} in {report['db']}: best kernel per searched site", file=out)
+    print(f"{'site':<28} {'evals':>5} {'tier':>7} {'best ms':>9} {'speedup':>8}  note", file=out)
+    for site in report["searched"]:
+        best = site["best"]
+        latency = "-" if best["latency_ms"] in (None, float("inf")) else f"{best['latency_ms']:.4f}"
+        print(f"{site['id']:<28} {site['evaluations']:>5} {best['tier']:>7} {latency:>9} "
+              f"{best['speedup']:8.2f}  {site['declined']}", file=out)
+
+
 def _percent(part: float, whole: float) -> str:
     return f"{part / whole * 100:.1f}%" if whole > 0 else "-"
 

@@ -1,7 +1,8 @@
 """The offline rules generator: kernels written from the site's graph, no LLM, no network.
 
-Drafts (no parent) are each applicable writer at its default settings and a size-based
-variant; children of a parent move one knob of its settings one step (`mutations`). Sources
+Drafts (no parent, or a parent from another tier) are each applicable writer at its default
+settings and a size-based variant; children of one of its own kernels move one knob of its
+settings one step (`mutations`). Sources
 already proposed for the site are skipped, so every child is distinct.
 """
 
@@ -127,15 +128,16 @@ class RulesGenerator:
             return Proposals([], declined=f"no {'/'.join(tiers)} rules for {graph.family} sites")
         seen = self._seen.setdefault(problem.resolve(), set())
         candidates: list[tuple[Writer, object, str]] = []
-        if parent is None:
-            candidates = [(w, s, why) for w in writers for s, why in w.drafts(graph)]
-        else:
-            owned = [(w, w.settings_of(parent.proposal)) for w in writers]
-            writer, settings = next(((w, s) for w, s in owned if s is not None), (None, None))
-            if writer is None:
-                return Proposals([], declined="the parent was not written by these rules")
+        owned = [] if parent is None else [
+            (w, s) for w in writers if (s := w.settings_of(parent.proposal)) is not None]
+        if owned:
+            writer, settings = owned[0]
             candidates = [(writer, step.settings, step.rationale)
                           for step in neighbours(settings)]
+        else:
+            # No parent, or one from another tier or generator (a Triton kernel seeding the
+            # CUDA tier): this tier's drafts, which the search hangs under that parent.
+            candidates = [(w, s, why) for w in writers for s, why in w.drafts(graph)]
         children: list[Proposal] = []
         reasons: list[str] = []
         for writer, settings, why in candidates:

@@ -7,7 +7,7 @@ import torch
 
 from core.capture import capture
 from core.load import load_model
-from core.optimize import ListSitesConfig, list_sites
+from core.pipeline import ListSitesConfig, list_sites
 from core.profile import ProfileConfig
 from core.roofline import GpuPeaks
 from core.sites import find_sites

@@ -1,0 +1,228 @@
+"""One optimize run: profile the model, search the sites that matter, record everything.
+
+Sites are searched in rounds; each round gives one batch of evaluations to the site with the
+most to gain: its share of the model's time, times its headroom above the roofline floor,
+discounted by the evaluations it has had. A site's Triton phase settles when its search
+stops; if it still holds at least `cuda_share` of the model's remaining time, the CUDA tier
+joins the same tree, seeded from its best Triton kernel. Every candidate and verdict is
+written to the store the moment it exists.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from core.evaluate import EvalConfig, Evaluator, Verdict
+from core.pipeline import ListSitesConfig, ProfiledModel, profile_sites
+from core.progress import Progress
+from core.search import Node, SearchConfig, SiteSearch
+from core.sites import Site
+from generators.base import Feedback, Parent, Proposal, Proposals
+from generators.rules import RulesGenerator
+from store import Store
+
+
+@dataclass(frozen=True)
+class OptimizeConfig:
+    profile: ListSitesConfig
+    db: Path = Path("kiln.db")
+    budget_minutes: float = 10.0
+    max_candidates: int = 200
+    sites: int = 5
+    tiers: tuple[str, ...] = ("triton", "cuda")
+    cuda_share: float = 0.10
+    workers: int = 1
+    search: SearchConfig = SearchConfig()
+
+
+@dataclass(eq=False)
+class SiteRun:
+    site: Site
+    site_id: int
+    search: SiteSearch
+    tiers: tuple[str, ...]
+    verdicts: dict[int, Verdict] = field(default_factory=dict)  # by id() of the proposal
+
+    @property
+    def headroom(self) -> float:
+        """How far above its floor the site's best is, in (0, 1]."""
+        floor = self.site.cost.floor_ms
+        best = self.search.best_ms
+        return max(0.0, 1.0 - floor / best) if best > 0 else 0.0
+
+
+def feedback_of(verdict: Verdict, floor_ms: float) -> Feedback:
+    return Feedback(accepted=verdict.accepted, reason=verdict.reason,
+                    latency_ms=verdict.latency_ms, baseline_ms=verdict.baseline_ms,
+                    floor_ms=floor_ms, compile_log=verdict.compile_log)
+
+
+def _versions() -> dict[str, str]:
+    import triton
+
+    return {"torch": torch.__version__, "triton": triton.__version__,
+            "python": platform.python_version(), "cuda": str(torch.version.cuda)}
+
+
+def _gpu(device: str) -> str:
+    return torch.cuda.get_device_name() if device == "cuda" else "cpu"
+
+
+class OptimizeRun:
+    def __init__(self, config: OptimizeConfig, progress: Progress) -> None:
+        self.config = config
+        self.progress = progress
+        self.generator = RulesGenerator()
+        self.store = Store.open(config.db, create=True)
+        self.started = time.perf_counter()
+        self.evaluated = 0
+
+    def _site_run(self, profiled: ProfiledModel, site: Site, site_id: int,
+                  evaluator: Evaluator) -> SiteRun:
+        problem = site.folder / "problem.py"
+        holder: dict[str, SiteRun] = {}
+
+        def propose(parent: Parent | None, n: int) -> Proposals:
+            return self.generator.propose(problem, parent, n, holder["run"].tiers)
+
+        def evaluate(proposals: list[Proposal]) -> list[Feedback]:
+            run = holder["run"]
+            verdicts = evaluator.evaluate_many([(problem, p.source) for p in proposals])
+            for proposal, verdict in zip(proposals, verdicts, strict=True):
+                run.verdicts[id(proposal)] = verdict
+                if verdict.baseline_ms and not math.isfinite(run.search.baseline_ms):
+                    run.search.baseline_ms = verdict.baseline_ms
+            return [feedback_of(v, site.cost.floor_ms) for v in verdicts]
+
+        def record(node: Node) -> None:
+            run = holder["run"]
+            parent = node.parent.candidate_id if node.parent is not None else None
+            proposal = node.proposal
+            with self.store.batch():
+                new = self.store.add_candidate(
+                    site_id, parent_id=parent, tier=proposal.tier,
+                    generator=proposal.generator, rationale=proposal.rationale,
+                    source=proposal.source)
+                node.candidate_id = new.id
+                self.store.add_verdict(new.id, run.verdicts.pop(id(proposal)))
+
+        search = SiteSearch(math.inf, site.cost.floor_ms, propose, evaluate, record,
+                            self.config.search)
+        run = SiteRun(site, site_id, search, ("triton",))
+        holder["run"] = run
+        return run
+
+    def _priority(self, run: SiteRun, total_ms: float) -> float:
+        share = run.site.time_ms / total_ms if total_ms > 0 else 0.0
+        return share * max(run.headroom, 1e-3) / math.sqrt(1 + run.search.evaluations)
+
+    def _out_of_budget(self) -> bool:
+        minutes = (time.perf_counter() - self.started) / 60
+        return (self.evaluated >= self.config.max_candidates
+                or minutes >= self.config.budget_minutes)
+
+    def _maybe_add_cuda(self, run: SiteRun, total_ms: float) -> bool:
+        """Open the CUDA tier for a settled site that still holds a large share."""
+        if "cuda" not in self.config.tiers or "cuda" in run.tiers:
+            return False
+        if not math.isfinite(run.search.baseline_ms) or total_ms <= 0:
+            return False
+        remaining_ms = run.site.time_ms * run.search.best_ms / run.search.baseline_ms
+        if remaining_ms / total_ms < self.config.cuda_share:
+            return False
+        run.tiers = ("triton", "cuda")
+        run.search.stuck, run.search.since_best = False, 0
+        if run.search.best is not None:
+            run.search.best.exhausted = False  # CUDA drafts hang under the best Triton kernel
+        return True
+
+    def execute(self) -> dict[str, object]:
+        config = self.config
+        self.progress.step("profiling")
+        profiled = profile_sites(config.profile)
+        report = profiled.report
+        run_id = self.store.start_run(
+            model_spec=config.profile.model, model_hash=_model_hash(profiled),
+            gpu=_gpu(config.profile.device), versions=_versions(),
+            config={"budget_minutes": config.budget_minutes, "tiers": list(config.tiers),
+                    "max_candidates": config.max_candidates, "sites": config.sites,
+                    "seed": config.search.seed, "device": config.profile.device})
+        total = float(report["captured_ms"])
+        site_ids = {}
+        for record in report["sites"]:
+            site = next(s for s in profiled.table.sites if s.key == record["id"])
+            site_ids[site.key] = self.store.add_site(
+                run_id, key=site.key, family=site.family, signature=site.problem.signature,
+                ops=list(site.problem.ops), calls=site.calls, share=record["share"],
+                time_ms=site.time_ms, eager_ms=None, compile_ms=None, floor_ms=site.floor_ms,
+                problem_source=site.problem.source)
+        chosen = sorted((s for s in profiled.table.sites if s.family != "other"),
+                        key=lambda s: -(s.time_ms * (1 - s.floor_ms / max(s.time_ms, 1e-9))))
+        chosen = chosen[: config.sites]
+        eval_config = EvalConfig(device=config.profile.device)
+        try:
+            with Evaluator(eval_config, workers=config.workers) as evaluator:
+                runs = [self._site_run(profiled, s, site_ids[s.key], evaluator) for s in chosen]
+                self._search(runs, total)
+        except BaseException:
+            self.store.finish_run(run_id, status="failed")
+            raise
+        self.store.finish_run(run_id, status="done")
+        return {**report, "run_id": run_id, "db": str(config.db),
+                "searched": [self._site_result(r) for r in runs],
+                "sites": [self._with_best(s, runs) for s in report["sites"]]}
+
+    def _search(self, runs: list[SiteRun], total_ms: float) -> None:
+        while not self._out_of_budget():
+            for run in runs:
+                if run.search.done:
+                    self._maybe_add_cuda(run, total_ms)
+            open_runs = [r for r in runs if not r.search.done]
+            if not open_runs:
+                return
+            run = max(open_runs, key=lambda r: self._priority(r, total_ms))
+            limit = self.config.max_candidates - self.evaluated
+            done = run.search.step(limit=limit)
+            self.evaluated += done
+            best = run.search.best
+            speed = run.search.baseline_ms / best.latency_ms if best else 1.0
+            self.progress.step(
+                f"{run.site.key}: {run.search.evaluations} evaluated, best "
+                + (f"{speed:.2f}x ({best.proposal.tier})" if best else "PyTorch (1.00x)")
+                + (f"; no kernels: {run.search.declined}" if run.search.declined else ""))
+
+    @staticmethod
+    def _site_result(run: SiteRun) -> dict[str, object]:
+        best = run.search.best
+        baseline = run.search.baseline_ms
+        return {
+            "id": run.site.key,
+            "evaluations": run.search.evaluations,
+            "declined": run.search.declined,
+            "best": {
+                "candidate_id": best.candidate_id if best else None,
+                "tier": best.proposal.tier if best else "torch",
+                "latency_ms": best.latency_ms if best else baseline,
+                "speedup": baseline / best.latency_ms if best else 1.0,
+                "depth": best.depth if best else 0,
+            },
+        }
+
+    def _with_best(self, record: dict, runs: list[SiteRun]) -> dict[str, object]:
+        searched = next((r for r in runs if r.site.key == record["id"]), None)
+        if searched is None:
+            return {**record, "best": {"candidate_id": None, "tier": "torch",
+                                       "latency_ms": None, "speedup": 1.0}}
+        return {**record, **self._site_result(searched)}
+
+
+def _model_hash(profiled: ProfiledModel) -> str:
+    text = "\n".join(sorted(s.key for s in profiled.table.sites))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

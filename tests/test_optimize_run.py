@@ -1,0 +1,39 @@
+"""`python -m core.optimize MODEL`: profile, search the hot sites, store every node, report."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+from tests.test_list_sites_cli import run_cli
+
+
+def test_a_cpu_run_searches_refines_and_stores_every_parent_link(tmp_path):
+    db = tmp_path / "kiln.db"
+    result = run_cli("tests.models:make_mlp", "--device", "cpu", "--json", "--db", str(db),
+                     "--max-candidates", "8", "--sites", "1", "--workers", "1",
+                     "--trials", "2", "--warmup", "0", "--out", str(tmp_path / "out"))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["run_id"] == 1 and report["device"] == "cpu"
+    assert "searching Triton kernels only" in result.stderr  # no GPU: no CUDA tier
+    for site in report["sites"]:
+        best = site["best"]
+        assert set(best) >= {"candidate_id", "tier", "latency_ms", "speedup"}
+        assert best["tier"] in ("triton", "cuda", "torch")
+    (searched,) = report["searched"]
+    assert 1 <= searched["evaluations"] <= 8
+
+    rows = sqlite3.connect(db).execute(
+        "SELECT c.id, c.parent_id, c.site_id, v.accepted FROM candidates c "
+        "LEFT JOIN verdicts v ON v.id = c.verdict_id").fetchall()
+    assert len(rows) == searched["evaluations"]
+    ids = {row[0]: row for row in rows}
+    assert all(row[3] is not None for row in rows), "a candidate without its verdict"
+    depth = {}
+    for cid, parent, _, _ in sorted(rows):
+        assert parent is None or parent in ids, "a parent link to nothing"
+        depth[cid] = 1 if parent is None else depth[parent] + 1
+    assert max(depth.values()) >= 2, "no refinement of a refinement"
+    status = sqlite3.connect(db).execute("SELECT status FROM runs").fetchone()[0]
+    assert status == "done"
