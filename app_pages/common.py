@@ -1,0 +1,147 @@
+"""What every page shares: the store's path, its read-only connection, its version, formatting.
+
+The store is read through one read-only connection per path, shared by every session (SQLite
+reads from several threads are safe on it). Query results are cached under the store's
+*version*: the highest ids and the latest heartbeat, so a write by a running optimizer gives a
+new version and the pages show the new rows on their next refresh.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import streamlit as st
+
+from core.errors import KilnInputError
+from store import StoreReader, open_reader
+from store.liveness import run_writer_alive
+
+DEFAULT_DB = Path("kiln.db")
+# A running search stores a candidate every few seconds at most (an evaluation compiles, checks
+# and times it); refreshing every 5 s shows each one soon after it lands, and a refresh that
+# finds the same version costs one small query.
+LIVE_REFRESH_S = 5.0
+START_HINT = """No runs in this store yet. Start one, and it appears here while it goes on:
+
+```
+python -m core.optimize examples/mlp_block.py --db {path}
+```
+
+then open this app on the same store: `streamlit run app.py -- --db {path}`
+(or set `KILN_DB`)."""
+
+PAGE_KERNEL = "app_pages/kernel.py"
+PAGE_RUN = "app_pages/run.py"
+PAGE_TREE = "app_pages/search_tree.py"
+
+
+def db_path(argv: list[str] | None = None) -> Path:
+    """The store: `--db PATH` after `--` on the command line, else `$KILN_DB`, else ./kiln.db."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--db", type=Path)
+    known, _ = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    if known.db is not None:
+        return known.db
+    return Path(os.environ["KILN_DB"]) if os.environ.get("KILN_DB") else DEFAULT_DB
+
+
+@st.cache_resource(show_spinner=False)
+def reader_for(path: str) -> StoreReader:
+    return open_reader(path)
+
+
+@dataclass(frozen=True)
+class Store:
+    """The open store of this session and its version, the key of every cached query."""
+
+    path: str
+    version: tuple
+
+    @property
+    def reader(self) -> StoreReader:
+        return reader_for(self.path)
+
+
+def store_version(reader: StoreReader) -> tuple:
+    """Changes whenever anything is written, a run finishes, or a running run's writer dies."""
+    counts = reader.db.execute(
+        "SELECT (SELECT max(id) FROM runs), (SELECT max(id) FROM sites),"
+        " (SELECT max(id) FROM candidates), (SELECT max(id) FROM verdicts),"
+        " (SELECT max(id) FROM llm_calls), (SELECT max(finished_at) FROM runs)"
+    ).fetchone()
+    cursor = reader.db.execute("SELECT * FROM runs WHERE status = 'running' ORDER BY id")
+    names = [column[0] for column in cursor.description]
+    now = datetime.now(UTC)
+    running = []
+    for values in cursor.fetchall():
+        row = dict(zip(names, values, strict=True))
+        running.append((row["id"], row["heartbeat_at"], run_writer_alive(row, now)))
+    return (*counts, tuple(running))
+
+
+def any_live(version: tuple, run_id: int | None = None) -> bool:
+    """Whether a run (this one, or any) is being written right now, as of this version."""
+    return any(alive and run_id in (None, ident) for ident, _, alive in version[-1])
+
+
+def open_store() -> Store:
+    """The store this app was started on, or a page explaining how to get one (and a stop)."""
+    path = db_path().resolve()
+    if not path.exists():
+        st.info(f"There is no Kiln store at `{path}` yet.\n\n" + START_HINT.format(path=path))
+        st.stop()
+    try:
+        reader = reader_for(str(path))
+    except KilnInputError as err:
+        st.error(f"{err.problem}\n\nFix: {err.fix}")
+        st.stop()
+    version = store_version(reader)
+    if version[0] is None:
+        st.info(START_HINT.format(path=path))
+        st.stop()
+    return Store(str(path), version)
+
+
+def live(render: Callable[[], None], running: bool) -> None:
+    """Render now, and again every few seconds while a run is being written."""
+    st.fragment(render, run_every=LIVE_REFRESH_S if running else None)()
+
+
+def query_int(name: str) -> int | None:
+    value = st.query_params.get(name)
+    return int(value) if value is not None and value.isdigit() else None
+
+
+def kernel_url(candidate_id: int) -> str:
+    return f"kernel?id={candidate_id}"
+
+
+def verdict_label(compiled: bool | None, correct: bool | None, accepted: bool | None) -> str:
+    if accepted is None:
+        return "pending"
+    if accepted:
+        return "accepted"
+    if not compiled:
+        return "compile failed"
+    return "rejected" if correct else "incorrect"
+
+
+VERDICTS = ("accepted", "rejected", "incorrect", "compile failed", "pending")
+
+
+def ms(value: float | None) -> str:
+    return "–" if value is None else f"{value:.4g} ms"
+
+
+def times(value: float | None) -> str:
+    return "–" if value is None else f"{value:.3g}x"
+
+
+def percent(value: float | None) -> str:
+    return "–" if value is None else f"{value * 100:.1f}%"

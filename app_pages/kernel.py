@@ -1,0 +1,134 @@
+"""Kernel: one candidate's source, verdict, errors, timings, lineage and diffs."""
+
+import streamlit as st
+
+from app_pages import queries
+from app_pages.common import (
+    PAGE_KERNEL,
+    PAGE_TREE,
+    ms,
+    open_store,
+    percent,
+    query_int,
+    times,
+    verdict_label,
+)
+from core.errors import KilnInputError
+
+# Links shown each way along the lineage; a long refinement chain is summarised past them.
+LINEAGE_SHOWN = 12
+
+store = open_store()
+ident = st.number_input("Kernel id", min_value=1, step=1, value=query_int("id") or 1)
+st.query_params["id"] = str(ident)
+try:
+    kernel = queries.candidate(store.path, store.version, int(ident))
+except KilnInputError as err:
+    st.error(f"{err.problem}\n\nFix: {err.fix}")
+    st.stop()
+summary, verdict = kernel.summary, kernel.verdict or {}
+site = {s.id: s for s in queries.sites(store.path, store.version, summary.run_id)}[summary.site_id]
+label = verdict_label(summary.compiled, summary.correct, summary.accepted)
+
+st.title(f"Kernel {kernel.id}: {label}")
+st.caption(
+    f"{summary.tier} · {summary.generator} · site `{summary.site_key}` ({summary.family},"
+    f" {site.share * 100:.1f}% of model time) · run {summary.run_id} · {summary.created_at[:19]}"
+)
+st.markdown(f"**Rationale:** {summary.rationale}")
+if summary.accepted:
+    st.success("Accepted: correct on every trial and timed.")
+elif summary.accepted is None:
+    st.info("No verdict yet: the evaluator has not finished with this kernel.")
+else:
+    st.error(f"Rejected ({verdict.get('reason_code') or 'no code'}): {summary.reason}")
+if verdict.get("compile_log"):
+    with st.expander("Compile and run log", expanded=not summary.compiled):
+        st.code(verdict["compile_log"], language="text")
+
+timing, checks = st.columns(2)
+with timing:
+    st.subheader("Timing")
+    st.caption(
+        f"{verdict.get('timing_trials') or 0} trials on {verdict.get('timing_device') or '–'}"
+    )
+    row = st.columns(3)
+    row[0].metric("median", ms(verdict.get("latency_ms")))
+    row[1].metric("baseline", ms(verdict.get("baseline_ms")))
+    row[2].metric("speedup", times(summary.speedup))
+    row = st.columns(3)
+    row[0].metric("vs eager", times(summary.speedup_vs_eager))
+    row[1].metric("vs torch.compile", times(summary.speedup_vs_compile))
+    row[2].metric("roofline", percent(summary.roofline_fraction))
+    st.table(
+        {
+            "mean": [ms(verdict.get("latency_mean_ms"))],
+            "min": [ms(verdict.get("latency_min_ms"))],
+            "max": [ms(verdict.get("latency_max_ms"))],
+            "stdev": [ms(verdict.get("latency_stdev_ms"))],
+        }
+    )
+with checks:
+    st.subheader("Correctness")
+    st.table(
+        {
+            "check": ["compiled", "correct", "max abs error", "max rel error", "tolerance",
+                      "trials", "kernel launches", "library ops", "flagged"],
+            "value": [
+                str(summary.compiled), str(summary.correct), str(verdict.get("max_abs_err")),
+                str(verdict.get("max_rel_err")),
+                f"{verdict.get('tolerance')} ({verdict.get('tolerance_name') or '–'})",
+                ", ".join(verdict.get("trials_checked") or []) or "–",
+                str(verdict.get("kernel_launches")),
+                ", ".join(verdict.get("library_ops") or []) or "none",
+                str(verdict.get("flagged", False)),
+            ],
+        }
+    )  # fmt: skip
+
+st.subheader("Lineage")
+ancestors = queries.ancestors(store.path, store.version, kernel.id)
+if ancestors:
+    shown = " ← ".join(f"[{a}](kernel?id={a})" for a in ancestors[:LINEAGE_SHOWN])
+    more = len(ancestors) - LINEAGE_SHOWN
+    st.markdown(f"Descends from {shown}" + (f" ← … {more} more" if more > 0 else ""))
+else:
+    st.markdown("A first draft: no parent.")
+kids = queries.children(store.path, store.version, kernel.id)
+if kids:
+    shown = ", ".join(f"[{k}](kernel?id={k})" for k in kids[:LINEAGE_SHOWN])
+    more = len(kids) - LINEAGE_SHOWN
+    st.markdown(f"Children: {shown}" + (f", … {more} more" if more > 0 else ""))
+st.page_link(
+    PAGE_TREE,
+    label="This site's search tree",
+    query_params={"run": str(summary.run_id), "site": str(summary.site_id)},
+)
+
+source, to_parent, to_best, problem = st.tabs(
+    ["Source", "Diff against parent", "Diff against the site's best", "Site problem"]
+)
+source.code(kernel.source, language="python", line_numbers=True)
+against_parent, against_best = queries.diffs(store.path, store.version, kernel.id)
+to_parent.caption(f"Against {against_parent.base_label}")
+to_parent.code(against_parent.text or "(identical)", language="diff")
+if against_best is None:
+    to_best.info("This site has no accepted kernel yet.")
+elif against_best.base_id == kernel.id:
+    to_best.success("This is the site's best kernel.")
+else:
+    to_best.caption(f"Against {against_best.base_label}, the site's fastest accepted kernel")
+    to_best.code(against_best.text or "(identical)", language="diff")
+    to_best.page_link(PAGE_KERNEL, label=f"Open kernel {against_best.base_id}",
+                      query_params={"id": str(against_best.base_id)})  # fmt: skip
+problem.code(site.problem_source, language="python")
+if kernel.llm_call_id is not None:
+    call = queries.llm_call_of(store.path, store.version, summary.run_id, kernel.llm_call_id)
+    if call is not None:
+        with st.expander(f"LLM call {call['id']} ({call['model']})"):
+            st.caption(
+                f"{call['prompt_tokens']} prompt + {call['completion_tokens']} completion tokens,"
+                f" {ms(call['latency_ms'])}, ${call['cost_usd'] or 0:.4f}"
+            )
+            st.code(call["prompt"], language="markdown")
+            st.code(call["reply"] or call["error"] or "", language="markdown")
