@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from generators.codegen import BROADCAST_SHAPE_HELPER
+from generators.codegen import BROADCAST_SHAPE_HELPER, indent, op_refs
 from generators.cuda_expressions import (
     HELPERS,
     cuda_elementwise,
@@ -120,24 +120,9 @@ class ModelNew(nn.Module):
 '''
 
 
-def _indent(lines: list[str], depth: int) -> str:
-    return "\n".join(" " * depth + line for line in lines)
-
-
-def _refs(values: tuple) -> list[Ref]:
-    found: list[Ref] = []
-    for value in values:
-        if isinstance(value, Ref):
-            found.append(value)
-        elif isinstance(value, tuple):
-            found += _refs(value)
-    return found
-
-
 def used_inputs(graph: SiteGraph) -> list[int]:
     """Indices of the forward arguments the ops read, in order."""
-    return sorted({r.index for op in graph.ops
-                   for r in _refs(op.args + tuple(v for _, v in op.kwargs)) if r.is_input})
+    return sorted({r.index for op in graph.ops for r in op_refs(op) if r.is_input})
 
 
 def chain(graph: SiteGraph, value: dict[Ref, str]) -> list[str]:
@@ -223,18 +208,18 @@ def write_cuda_pointwise(graph: SiteGraph, config: CudaPointwiseConfig) -> str:
         ops=" → ".join(op.name for op in graph.ops),
         config=config.describe(),
         helpers=HELPERS,
-        pointer_params=_indent(pointer_params, 4),
-        vector_loads=_indent(vector_loads, 8),
-        vector_outs=_indent(vector_outs, 8),
+        pointer_params=indent(pointer_params, 4),
+        vector_loads=indent(vector_loads, 8),
+        vector_outs=indent(vector_outs, 8),
         vec=vec,
-        vector_body=_indent(vector_body, 12),
-        vector_stores=_indent(vector_stores, 8),
+        vector_body=indent(vector_body, 12),
+        vector_stores=indent(vector_stores, 8),
         size_params="".join(f"    long long size{d},\n" for d in range(1, rank)),
         stride_params=",\n".join(f"    long long in{i}_s{d}" for i in used for d in range(rank)),
-        coordinates=_indent(coordinates, 8),
-        strided_loads=_indent(strided_loads, 8),
-        strided_body=_indent(strided_body, 8),
-        strided_stores=_indent(strided_stores, 8),
+        coordinates=indent(coordinates, 8),
+        strided_loads=indent(strided_loads, 8),
+        strided_body=indent(strided_body, 8),
+        strided_stores=indent(strided_stores, 8),
         threads=config.threads,
         blocks_per_sm=config.blocks_per_sm,
         vector_types="P" * n_pointers + "q",
@@ -244,9 +229,9 @@ def write_cuda_pointwise(graph: SiteGraph, config: CudaPointwiseConfig) -> str:
                         for i in sorted(aligned)),
         shapes=", ".join(f"x{i}.shape" if i in aligned else f"in{i}.shape" for i in used),
         rank=rank,
-        views=_indent([f"x{i} = {'x' if i in aligned else 'in'}{i}.expand(shape)"
+        views=indent([f"x{i} = {'x' if i in aligned else 'in'}{i}.expand(shape)"
                        for i in used], 8),
-        allocs=_indent([f"out{k} = torch.empty(shape, device=in{used[0]}.device, "
+        allocs=indent([f"out{k} = torch.empty(shape, device=in{used[0]}.device, "
                         f"dtype={graph.info(r).dtype})" for k, r in enumerate(graph.outputs)], 8),
         tensors=", ".join(tensors),
         pointer_args=", ".join(tensors + outs),

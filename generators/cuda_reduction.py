@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from generators.codegen import BROADCAST_SHAPE_HELPER
+from generators.codegen import BROADCAST_SHAPE_HELPER, indent, op_refs
 from generators.cuda_expressions import (
     HELPERS,
     cuda_elementwise,
@@ -178,10 +178,6 @@ _PASS2 = """
 """
 
 
-def _indent(lines: list[str], depth: int) -> str:
-    return "\n".join(" " * depth + line for line in lines)
-
-
 def _dim(op: Op) -> object:
     return op.kwarg("dim", op.args[1] if len(op.args) > 1 else None)
 
@@ -228,19 +224,7 @@ def _needed(graph: SiteGraph, roots: list[Ref], stop: set[Ref]) -> set[int]:
             continue
         found.add(ref.index)
         op = graph.ops[ref.index]
-        pending += [r for r in _refs(op) if not r.is_input and r not in stop]
-    return found
-
-
-def _refs(op: Op) -> list[Ref]:
-    found: list[Ref] = []
-    pending = list(op.args) + [v for _, v in op.kwargs]
-    while pending:
-        value = pending.pop()
-        if isinstance(value, Ref):
-            found.append(value)
-        elif isinstance(value, tuple):
-            pending += list(value)
+        pending += [r for r in op_refs(op) if not r.is_input and r not in stop]
     return found
 
 
@@ -295,7 +279,7 @@ def write_cuda_reduction(graph: SiteGraph, config: CudaReductionConfig) -> str:
     # and which are one per element of the row.
     row_level: set[Ref] = {anchor_ref} if kind in SUM_KINDS else set()
     for i, op in enumerate(graph.ops):
-        refs = _refs(op)
+        refs = op_refs(op)
         if i > anchor_index and refs and all(r in row_level for r in refs):
             row_level.add(Ref(i, False))
     for i, op in enumerate(graph.ops):
@@ -323,7 +307,7 @@ def write_cuda_reduction(graph: SiteGraph, config: CudaReductionConfig) -> str:
 
     def element_lines(indices: set[int], inputs: set[int]) -> list[str]:
         """Loads of the inputs the ops read (and `inputs`), then the ops in graph order."""
-        inputs = inputs | {r.index for i in indices for r in _refs(graph.ops[i]) if r.is_input}
+        inputs = inputs | {r.index for i in indices for r in op_refs(graph.ops[i]) if r.is_input}
         lines = []
         for i in sorted(inputs):
             element = f"in{i}[base{i} + c * in{i}_s{rank - 1}]"
@@ -354,8 +338,8 @@ def write_cuda_reduction(graph: SiteGraph, config: CudaReductionConfig) -> str:
     if warps_per_row > 1:
         block_merge = _BLOCK_MERGE.format(
             parts=", ".join(f"part_{n}[ROWS][WARPS_PER_ROW]" for n in names),
-            publish=_indent([f"part_{n}[row_in_block][warp] = {n};" for n in names], 8),
-            gather=_indent([f"{n} = part_{n}[row_in_block][0];" for n in names], 4),
+            publish=indent([f"part_{n}[row_in_block][warp] = {n};" for n in names], 8),
+            gather=indent([f"{n} = part_{n}[row_in_block][0];" for n in names], 4),
             merge=merge, state_names=", ".join(names),
             gathered=", ".join(f"part_{n}[row_in_block][w]" for n in names),
         )
@@ -377,8 +361,8 @@ def write_cuda_reduction(graph: SiteGraph, config: CudaReductionConfig) -> str:
         needed = _needed(graph, [r for _, r in element_outputs], row_level)
         stores = [f"out{k}[row * n_cols + c] = "
                   f"{store_from_float(graph.info(r).dtype, value[r])};" for k, r in element_outputs]
-        pass2 = _PASS2.format(body=_indent(element_lines(needed, set()), 8),
-                              stores=_indent(stores, 8))
+        pass2 = _PASS2.format(body=indent(element_lines(needed, set()), 8),
+                              stores=indent(stores, 8))
 
     pointer_params = (
         [f"const {storage_type(graph.inputs[i].dtype)}* __restrict__ in{i}," for i in used]
@@ -409,13 +393,13 @@ def write_cuda_reduction(graph: SiteGraph, config: CudaReductionConfig) -> str:
         threads_per_row=tpr,
         warps_per_row=warps_per_row,
         kind=kind,
-        pointer_params=_indent(pointer_params, 4),
+        pointer_params=indent(pointer_params, 4),
         size_params="".join(f",\n    long long size{d}" for d in range(1, rank - 1)),
         stride_params="".join(f",\n    long long in{i}_s{d}" for i in used for d in range(rank)),
-        row_coordinates=_indent(row_coordinates, 4),
-        row_bases=_indent(row_bases, 4),
-        state=_indent([f"float {n} = {init};" for n, init in state], 4),
-        pass1_body=_indent(pass1_body, 8),
+        row_coordinates=indent(row_coordinates, 4),
+        row_bases=indent(row_bases, 4),
+        state=indent([f"float {n} = {init};" for n, init in state], 4),
+        pass1_body=indent(pass1_body, 8),
         update=update,
         first_offset=min(16, tpr // 2),
         merge=merge,
@@ -429,8 +413,8 @@ def write_cuda_reduction(graph: SiteGraph, config: CudaReductionConfig) -> str:
         params=", ".join(f"in{i}" for i in range(len(graph.inputs))),
         shapes=", ".join(f"in{i}.shape" for i in used),
         rank=rank,
-        views=_indent([f"x{i} = in{i}.expand(shape)" for i in used], 8),
-        allocs=_indent(allocs, 8),
+        views=indent([f"x{i} = in{i}.expand(shape)" for i in used], 8),
+        allocs=indent(allocs, 8),
         pointer_args=", ".join([f"x{i}" for i in used] + outs),
         size_args="".join(f"shape[{d}], " for d in range(1, rank - 1)),
         stride_args="".join(f"*x{i}.stride(), " for i in used),

@@ -11,9 +11,9 @@ import torch
 from core.evaluate import EvalConfig, evaluate
 from generators.site_graph import Unsupported, load_site_graph
 from generators.triton_matmul import MatmulConfig, write_triton_matmul
+from tests.kernel_checks import assert_matches
 from tests.test_site_problems import import_problem
 
-TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 2e-2}
 SMALL = MatmulConfig(block_m=16, block_n=16, block_k=16, group_m=2, num_warps=4, num_stages=2)
 EPILOGUES = ["torch.relu({})", "torch.nn.functional.gelu({})", "torch.tanh({})",
              "torch.nn.functional.silu({})", "({} * 0.5)", "torch.sigmoid({})",
@@ -56,16 +56,7 @@ def check(problem_path: Path, config: MatmulConfig, inputs: list | None = None) 
     with torch.no_grad():
         expected = problem.Model()(*inputs)
         actual = namespace["ModelNew"]()(*inputs)
-    assert actual.dtype == expected.dtype and actual.shape == expected.shape, (
-        f"got {actual.dtype} {tuple(actual.shape)}, expected {expected.dtype} "
-        f"{tuple(expected.shape)}")
-    scale = expected.double().abs().max().item() + 1e-6
-    error = (actual.double() - expected.double()).abs()
-    worst = error.max().item() / scale
-    where = tuple(int(i) for i in torch.nonzero(error == error.max())[0])
-    assert worst <= TOLERANCE[expected.dtype], (
-        f"relative error {worst:.3g} at {where}: {actual[where].item()} vs "
-        f"{expected[where].item()}\n{problem_path.read_text()}")
+    assert_matches(actual, expected, problem_path.read_text())
     return source
 
 

@@ -9,9 +9,9 @@ import torch
 
 from generators.site_graph import Unsupported, load_site_graph
 from generators.triton_pointwise import PointwiseConfig, write_pointwise
+from tests.kernel_checks import assert_matches
 from tests.test_site_problems import import_problem
 
-TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 2e-2}
 UNARY = ["torch.relu({})", "torch.sigmoid({})", "torch.tanh({})", "torch.nn.functional.gelu({})",
          "torch.nn.functional.gelu({}, approximate='tanh')", "torch.nn.functional.silu({})",
          "torch.exp({} * 0.1)", "torch.abs({})", "({} * {} * 0.5)", "torch.clamp({}, -0.5, 0.7)",
@@ -64,14 +64,7 @@ def check(problem_path, write, inputs=None) -> None:
     pairs = zip(actual, expected, strict=True) if isinstance(expected, tuple) else [
         (actual, expected)]
     for out, ref in pairs:
-        assert out.dtype == ref.dtype and out.shape == ref.shape, (out.shape, ref.shape)
-        scale = ref.double().abs().max().item() + 1e-6
-        error = (out.double() - ref.double()).abs()
-        worst = error.max().item() / scale
-        where = tuple(int(i) for i in torch.nonzero(error == error.max())[0])
-        assert worst <= TOLERANCE[ref.dtype], (
-            f"relative error {worst:.3g} at {where}: {out[where].item()} vs "
-            f"{ref[where].item()}\n{problem_path.read_text()}")
+        assert_matches(out, ref, problem_path.read_text())
 
 
 def pointwise(block: int):

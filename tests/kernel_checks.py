@@ -1,0 +1,22 @@
+"""Comparing a generated kernel's output with PyTorch's, with a message that shows where."""
+
+from __future__ import annotations
+
+import torch
+
+# Relative to the reference's largest magnitude. bf16 keeps 8 bits of mantissa, and a chain
+# rounded once in fp32 differs from PyTorch's per-op rounding by up to a couple of its ulps.
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 2e-2}
+
+
+def assert_matches(actual: torch.Tensor, expected: torch.Tensor, context: str = "") -> None:
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape, (
+        f"got {actual.dtype} {tuple(actual.shape)}, expected {expected.dtype} "
+        f"{tuple(expected.shape)}")
+    scale = expected.double().abs().max().item() + 1e-6
+    error = (actual.double() - expected.double()).abs()
+    worst = error.max().item() / scale
+    where = tuple(int(i) for i in torch.nonzero(error == error.max())[0])
+    assert worst <= TOLERANCE[expected.dtype], (
+        f"relative error {worst:.3g} at {where}: {actual[where].item()} vs "
+        f"{expected[where].item()}\n{context}")
