@@ -22,13 +22,15 @@ from core.report import print_search_table, print_site_table
 from core.roofline import GpuPeaks
 from core.run import OptimizeConfig, OptimizeRun
 from core.search import SearchConfig
+from store import open_reader
 
 TIERS = ("triton", "cuda")
 
 
 def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, ListSitesConfig]:
     parser = argparse.ArgumentParser(prog="python -m core.optimize", description=__doc__)
-    parser.add_argument("model", help="KernelBench .py file, package.module:callable, "
+    parser.add_argument("model", nargs="?",
+                        help="KernelBench .py file, package.module:callable, "
                         "torchvision:<name> or hf:<model_type>[?key=value&...]")
     parser.add_argument("--list-sites", action="store_true",
                         help="stop after profiling and print the ranked site table")
@@ -64,7 +66,13 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, ListSitesConfig]
     search.add_argument("--db", type=Path, default=Path(os.environ.get("KILN_DB", "kiln.db")),
                         help="the kernel store (default: $KILN_DB, else ./kiln.db)")
     search.add_argument("--workers", type=int, default=2, help="evaluation worker processes")
+    search.add_argument("--resume", type=int, metavar="RUN",
+                        help="continue an interrupted run of the store (its model and settings)")
     args = parser.parse_args(argv)
+    if args.resume is not None:
+        _settings_of_run(args)
+    if args.model is None:
+        raise KilnInputError("no MODEL given", "name a model, or --resume RUN from the store")
     tiers = tuple(t.strip() for t in args.tiers.split(",") if t.strip())
     unknown = [t for t in tiers if t not in TIERS]
     if unknown or not tiers:
@@ -92,6 +100,26 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, ListSitesConfig]
     return args, config
 
 
+def _settings_of_run(args: argparse.Namespace) -> None:
+    """On --resume, the model and profiling settings come from the run being resumed."""
+    if args.list_sites:
+        raise KilnInputError("--resume continues a search; --list-sites only profiles",
+                             "drop one of them")
+    with open_reader(args.db) as reader:
+        run = reader.run(args.resume)
+    if args.model is not None and args.model != run.model_spec:
+        raise KilnInputError(f"run {run.id} optimized {run.model_spec}, not {args.model}",
+                             f"drop MODEL, or resume a run of {args.model}")
+    settings = run.config
+    args.model = run.model_spec
+    for name in ("device", "dtype", "seed", "batch", "seq_len", "image_size", "sites",
+                 "cuda_share"):
+        if name in settings:
+            setattr(args, name, settings[name])
+    args.out = Path(settings.get("out", args.out))
+    args.tiers = ",".join(settings.get("tiers", args.tiers.split(",")))
+
+
 def main(argv: list[str] | None = None) -> int:
     args, config = _parse(argv)
     if args.list_sites:
@@ -112,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         max_candidates=args.max_candidates, sites=args.sites, tiers=tiers,
         cuda_share=args.cuda_share, workers=args.workers,
         search=SearchConfig(seed=args.seed)), progress)
-    report = run.execute()
+    report = run.execute(resume=args.resume)
     if args.json:
         print(json.dumps(report, indent=2))
     else:

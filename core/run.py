@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from core.errors import KilnInputError
 from core.evaluate import EvalConfig, Evaluator, Verdict
 from core.pipeline import ListSitesConfig, ProfiledModel, profile_sites
 from core.progress import Progress
@@ -26,7 +27,7 @@ from core.search import Node, SearchConfig, SiteSearch
 from core.sites import Site
 from generators.base import Feedback, Parent, Proposal, Proposals
 from generators.rules import RulesGenerator
-from store import Store
+from store import Candidate, Store
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,7 @@ class OptimizeRun:
                 new = self.store.add_candidate(
                     site_id, parent_id=parent, tier=proposal.tier,
                     generator=proposal.generator, rationale=proposal.rationale,
-                    source=proposal.source)
+                    source=proposal.source, settings=proposal.settings)
                 node.candidate_id = new.id
                 self.store.add_verdict(new.id, run.verdicts.pop(id(proposal)))
 
@@ -143,26 +144,29 @@ class OptimizeRun:
             run.search.best.exhausted = False  # CUDA drafts hang under the best Triton kernel
         return True
 
-    def execute(self) -> dict[str, object]:
+    def execute(self, resume: int | None = None) -> dict[str, object]:
+        """Run the search; with `resume`, continue that interrupted run of the store."""
         config = self.config
+        state = self.store.resume_run(resume) if resume is not None else None
         self.progress.step("profiling")
         profiled = profile_sites(config.profile)
         report = profiled.report
-        run_id = self.store.start_run(
-            model_spec=config.profile.model, model_hash=_model_hash(profiled),
-            gpu=_gpu(config.profile.device), versions=_versions(),
-            config={"budget_minutes": config.budget_minutes, "tiers": list(config.tiers),
-                    "max_candidates": config.max_candidates, "sites": config.sites,
-                    "seed": config.search.seed, "device": config.profile.device})
+        if state is None:
+            run_id = self.store.start_run(
+                model_spec=config.profile.model, model_hash=_model_hash(profiled),
+                gpu=_gpu(config.profile.device), versions=_versions(),
+                config=run_settings(config))
+            site_ids = self._add_sites(run_id, profiled)
+        else:
+            run_id = state.run.id
+            site_ids = {site.key: site.id for site in state.sites}
+            missing = [s.key for s in profiled.table.sites if s.key not in site_ids]
+            if missing:
+                raise KilnInputError(
+                    f"run {run_id}'s model no longer cuts into the same sites ({missing[0]} is "
+                    "new): it changed since the run started",
+                    "start a new run for the changed model")
         total = float(report["captured_ms"])
-        site_ids = {}
-        for record in report["sites"]:
-            site = next(s for s in profiled.table.sites if s.key == record["id"])
-            site_ids[site.key] = self.store.add_site(
-                run_id, key=site.key, family=site.family, signature=site.problem.signature,
-                ops=list(site.problem.ops), calls=site.calls, share=record["share"],
-                time_ms=site.time_ms, eager_ms=None, compile_ms=None, floor_ms=site.floor_ms,
-                problem_source=site.problem.source)
         chosen = sorted((s for s in profiled.table.sites if s.family != "other"),
                         key=lambda s: -(s.time_ms * (1 - s.floor_ms / max(s.time_ms, 1e-9))))
         chosen = chosen[: config.sites]
@@ -170,14 +174,60 @@ class OptimizeRun:
         try:
             with Evaluator(eval_config, workers=config.workers) as evaluator:
                 runs = [self._site_run(profiled, s, site_ids[s.key], evaluator) for s in chosen]
+                if state is not None:
+                    self._restore(runs, state.candidates, evaluator)
                 self._search(runs, total)
         except BaseException:
             self.store.finish_run(run_id, status="failed")
             raise
         self.store.finish_run(run_id, status="done")
         return {**report, "run_id": run_id, "db": str(config.db),
+                "resumed": state is not None,
                 "searched": [self._site_result(r) for r in runs],
                 "sites": [self._with_best(s, runs) for s in report["sites"]]}
+
+    def _add_sites(self, run_id: int, profiled: ProfiledModel) -> dict[str, int]:
+        site_ids = {}
+        for record in profiled.report["sites"]:
+            site = next(s for s in profiled.table.sites if s.key == record["id"])
+            site_ids[site.key] = self.store.add_site(
+                run_id, key=site.key, family=site.family, signature=site.problem.signature,
+                ops=list(site.problem.ops), calls=site.calls, share=record["share"],
+                time_ms=site.time_ms, eager_ms=None, compile_ms=None, floor_ms=site.floor_ms,
+                problem_source=site.problem.source)
+        return site_ids
+
+    def _restore(self, runs: list[SiteRun], stored: list[Candidate],
+                 evaluator: Evaluator) -> None:
+        """Hang the stored candidates back in their trees; judge any the dead writer had not."""
+        by_site = {run.site_id: run for run in runs}
+        nodes: dict[int, Node] = {}
+        for candidate in sorted(stored, key=lambda c: c.id):
+            self.evaluated += 1
+            run = by_site.get(candidate.summary.site_id)
+            if run is None:
+                continue
+            problem = run.site.folder / "problem.py"
+            proposal = Proposal(candidate.source, candidate.summary.tier,
+                                candidate.summary.generator, candidate.summary.rationale,
+                                candidate.settings or {})
+            self.generator.remember(problem, candidate.source)
+            verdict = candidate.verdict
+            if verdict is None:
+                judged = evaluator.evaluate(problem, candidate.source)
+                self.store.add_verdict(candidate.id, judged)
+                verdict = judged.to_dict()
+            feedback = Feedback(accepted=bool(verdict["accepted"]), reason=verdict["reason"],
+                                latency_ms=verdict.get("latency_ms"),
+                                baseline_ms=verdict.get("baseline_ms"),
+                                floor_ms=run.site.cost.floor_ms,
+                                compile_log=verdict.get("compile_log", ""))
+            if feedback.baseline_ms and not math.isfinite(run.search.baseline_ms):
+                run.search.baseline_ms = feedback.baseline_ms
+            parent = nodes.get(candidate.summary.parent_id, run.search.root)
+            nodes[candidate.id] = run.search.adopt(parent, proposal, feedback, candidate.id)
+            if proposal.tier == "cuda":
+                run.tiers = ("triton", "cuda")
 
     def _search(self, runs: list[SiteRun], total_ms: float) -> None:
         while not self._out_of_budget():
@@ -221,6 +271,17 @@ class OptimizeRun:
             return {**record, "best": {"candidate_id": None, "tier": "torch",
                                        "latency_ms": None, "speedup": 1.0}}
         return {**record, **self._site_result(searched)}
+
+
+def run_settings(config: OptimizeConfig) -> dict[str, object]:
+    """What a run was started with: enough to profile the model again on resume."""
+    profile = config.profile
+    return {"device": profile.device, "dtype": profile.dtype, "seed": profile.seed,
+            "batch": profile.shape.batch, "seq_len": profile.shape.seq_len,
+            "image_size": profile.shape.image_size, "out": str(profile.out),
+            "tiers": list(config.tiers), "sites": config.sites,
+            "budget_minutes": config.budget_minutes, "max_candidates": config.max_candidates,
+            "cuda_share": config.cuda_share, "search_seed": config.search.seed}
 
 
 def _model_hash(profiled: ProfiledModel) -> str:

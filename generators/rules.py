@@ -117,6 +117,10 @@ class RulesGenerator:
             raise found
         return found
 
+    def remember(self, problem: Path, source: str) -> None:
+        """A source proposed before (in an earlier, interrupted run): never propose it again."""
+        self._seen.setdefault(problem.resolve(), set()).add(_digest(source))
+
     def propose(self, problem: Path, parent: Parent | None, n: int,
                 tiers: tuple[str, ...] = ("triton",)) -> Proposals:
         try:

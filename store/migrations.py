@@ -180,5 +180,11 @@ def m002_search(db: Database) -> None:
     """)
 
 
+
+@MIGRATIONS()
+def m003_candidate_settings(db: Database) -> None:
+    """The knobs a generator wrote a candidate with (JSON), so a resumed search can mutate it."""
+    db.execute("ALTER TABLE candidates ADD COLUMN settings TEXT")
+
 # Every migration this code knows, in order: all of them are pending on an empty database.
 MIGRATION_NAMES = tuple(migration.name for migration in MIGRATIONS.pending(Database(memory=True)))

@@ -39,7 +39,8 @@ _SUMMARY_FROM = """
 """
 _SUMMARY_SQL = f"SELECT {_SUMMARY_COLUMNS} {_SUMMARY_FROM}"
 _FULL_SQL = f"""
-    SELECT {_SUMMARY_COLUMNS}, c.source, c.source_hash, c.llm_call_id, v.verdict AS verdict_json
+    SELECT {_SUMMARY_COLUMNS}, c.source, c.source_hash, c.llm_call_id, c.settings AS settings_json,
+           v.verdict AS verdict_json
     {_SUMMARY_FROM}
 """
 _BOOLEANS = ("compiled", "correct", "accepted")
@@ -58,10 +59,11 @@ def _summary(row: dict[str, Any]) -> CandidateSummary:
 
 def _candidate(row: dict[str, Any]) -> Candidate:
     details = {name: row.pop(name) for name in ("source", "source_hash", "llm_call_id")}
-    verdict = row.pop("verdict_json")
+    verdict, settings = row.pop("verdict_json"), row.pop("settings_json")
     return Candidate(
         summary=_summary(row),
         verdict=None if verdict is None else json.loads(verdict),
+        settings=None if settings is None else json.loads(settings),
         **details,
     )
 

@@ -104,6 +104,7 @@ class Candidate:
     llm_call_id: int | None
     # The evaluator's latest verdict exactly as it was stored, every field included.
     verdict: dict[str, Any] | None
+    settings: dict[str, Any] | None = None  # the generator's knobs for this kernel
 
     @property
     def id(self) -> int:
@@ -116,6 +117,7 @@ class Candidate:
             "source_hash": self.source_hash,
             "llm_call_id": self.llm_call_id,
             "verdict": self.verdict,
+            "settings": self.settings,
         }
 
 

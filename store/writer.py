@@ -192,8 +192,13 @@ class Store(StoreReader):
         rationale: str,
         source: str,
         llm_call_id: int | None = None,
+        settings: Mapping[str, Any] | None = None,
     ) -> NewCandidate:
-        """Store a proposed kernel; a source the site already holds gives back the existing id."""
+        """Store a proposed kernel; a source the site already holds gives back the existing id.
+
+        `settings` are the generator's knobs for this kernel, kept so a resumed search can
+        refine it as the first search would have.
+        """
         digest = source_hash(source)
         with write_transaction(self.db):
             site = self.db.execute("SELECT run_id FROM sites WHERE id = ?", [site_id]).fetchone()
@@ -224,6 +229,7 @@ class Store(StoreReader):
                 "source": source,
                 "source_hash": digest,
                 "llm_call_id": llm_call_id,
+                "settings": None if settings is None else json.dumps(dict(settings)),
                 "created_at": utc_now(),
             }
             return NewCandidate(id=self._insert("candidates", row), duplicate=False)
