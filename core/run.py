@@ -246,7 +246,8 @@ class OptimizeRun:
             self.progress.step(
                 f"{run.site.key}: {run.search.evaluations} evaluated, best "
                 + (f"{speed:.2f}x ({best.proposal.tier})" if best else "PyTorch (1.00x)")
-                + (f"; no kernels: {run.search.declined}" if run.search.declined else ""))
+                + (f"; no kernels: {run.search.declined}"
+                   if run.search.declined and not run.search.evaluations else ""))
 
     @staticmethod
     def _site_result(run: SiteRun) -> dict[str, object]:
@@ -255,7 +256,9 @@ class OptimizeRun:
         return {
             "id": run.site.key,
             "evaluations": run.search.evaluations,
-            "declined": run.search.declined,
+            # Why the generator wrote nothing at all; once it has, running out of drafts is
+            # the normal end of the root's widening, not news.
+            "declined": run.search.declined if run.search.evaluations == 0 else "",
             "best": {
                 "candidate_id": best.candidate_id if best else None,
                 "tier": best.proposal.tier if best else "torch",

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 
 class Model(nn.Module):
-    def __init__(self, hidden: int = 256, expansion: int = 4):
+    def __init__(self, hidden: int = 128, expansion: int = 4):
         super().__init__()
         self.norm = nn.LayerNorm(hidden)
         self.up = nn.Linear(hidden, hidden * expansion)
@@ -19,7 +19,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(16, 64, 256)]
+    return [torch.randn(8, 32, 128)]
 
 
 def get_init_inputs():
