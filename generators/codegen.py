@@ -4,6 +4,12 @@ from __future__ import annotations
 
 from generators.site_graph import Op, Ref
 
+# Elementwise operators every kernel language spells the same way.
+BINARY_OPERATORS = {"add": "+", "sub": "-", "mul": "*", "div": "/", "true_divide": "/",
+                    "multiply": "*", "subtract": "-", "divide": "/"}
+COMPARISONS = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
+               "greater": ">", "less": "<"}
+
 # Generated candidates are self-contained files, so each carries this helper in its text.
 BROADCAST_SHAPE_HELPER = '''def _broadcast_shape(shapes):
     rank = max(len(s) for s in shapes)
@@ -33,3 +39,13 @@ def refs_in(values: tuple) -> list[Ref]:
 
 def op_refs(op: Op) -> list[Ref]:
     return refs_in(op.args + tuple(v for _, v in op.kwargs))
+
+
+def arg_at(op: Op, index: int, default: object = None) -> object:
+    """Positional argument `index` of `op`, or `default` when it was not passed."""
+    return op.args[index] if index < len(op.args) else default
+
+
+def arg(op: Op, name: str, position: int, default: object = None) -> object:
+    """An argument passed by keyword `name` or at `position`, else `default`."""
+    return op.kwarg(name, arg_at(op, position, default))

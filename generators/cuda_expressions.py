@@ -13,6 +13,7 @@ import math
 
 import torch
 
+from generators.codegen import BINARY_OPERATORS, COMPARISONS, arg, arg_at
 from generators.site_graph import Op, Ref, Unsupported
 
 SQRT1_2 = 0.7071067811865476
@@ -138,20 +139,17 @@ def cuda_elementwise(op: Op, value: dict[Ref, str]) -> str:
     """The CUDA float expression of `op`; `value` names each Ref already in registers."""
 
     def a(i: int, default: object = None) -> object:
-        return op.args[i] if i < len(op.args) else default
+        return arg_at(op, i, default)
 
     def v(x: object) -> str:
         return value[x] if isinstance(x, Ref) else _const(x)
 
     def kw(name: str, position: int, default: object) -> object:
-        return op.kwarg(name, a(position, default))
+        return arg(op, name, position, default)
 
     name = op.name
     x = v(a(0)) if op.args else ""
-    binary = {"add": "+", "sub": "-", "mul": "*", "div": "/", "true_divide": "/",
-              "multiply": "*", "subtract": "-", "divide": "/"}
-    compare = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
-               "greater": ">", "less": "<"}
+    binary, compare = BINARY_OPERATORS, COMPARISONS
     if name in ("add", "sub") and kw("alpha", 2, 1) != 1:
         return f"({x} {binary[name]} {_const(kw('alpha', 2, 1))} * {v(a(1))})"
     if name in ("div", "divide") and op.kwarg("rounding_mode") is not None:
