@@ -22,6 +22,8 @@ LADDERS: dict[str, tuple[int, ...]] = {
     "blocks_per_sm": (1, 2, 4, 8, 16),
     "threads": (64, 128, 256, 512, 1024),
     "rows_per_block": (1, 2, 4, 8),
+    "block_r": (4, 8, 16, 32, 64),
+    "block_i": (32, 64, 128, 256, 512, 1024),
 }
 WHY_UP: dict[str, str] = {
     "block": "more elements per program, fewer programs to schedule",
@@ -35,6 +37,8 @@ WHY_UP: dict[str, str] = {
     "blocks_per_sm": "more resident blocks per SM to hide latency",
     "threads": "more threads per block in flight",
     "rows_per_block": "several rows per block amortize launch and reduction overhead",
+    "block_r": "more reduced rows per step, fewer loop iterations",
+    "block_i": "wider column tiles, longer coalesced loads",
 }
 WHY_DOWN: dict[str, str] = {
     "block": "smaller blocks, more programs to fill every SM",
@@ -48,6 +52,8 @@ WHY_DOWN: dict[str, str] = {
     "blocks_per_sm": "fewer blocks, each looping over more of the grid",
     "threads": "fewer threads, more registers each",
     "rows_per_block": "fewer rows per block, more blocks",
+    "block_r": "fewer reduced rows per step, fewer registers",
+    "block_i": "narrower column tiles, more programs",
 }
 
 

@@ -21,6 +21,7 @@ from generators.cuda_reduction import CudaReductionConfig, write_cuda_reduction
 from generators.mutations import neighbours
 from generators.site_graph import SiteGraph, Unsupported, load_site_graph
 from generators.triton_conv import write_conv_epilogue
+from generators.triton_dim_reduction import DimConfig, write_dim_reduction
 from generators.triton_matmul import MatmulConfig, write_triton_matmul
 from generators.triton_pointwise import PointwiseConfig, write_pointwise
 from generators.triton_reduction import RowConfig, write_row_reduction
@@ -69,6 +70,12 @@ def _matmul_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
     return drafts
 
 
+def _dim_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
+    return [(DimConfig(), "16 reduced rows × 128 inner columns per step, coalesced on the inner"),
+            (DimConfig(block_r=32, block_i=256, num_warps=8),
+             "larger tiles: more bytes in flight per program")]
+
+
 def _cuda_pointwise_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
     return [(CudaPointwiseConfig(), "16-byte vector loads, grid-stride over 4 blocks per SM")]
 
@@ -85,6 +92,7 @@ def _cuda_row_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
 WRITERS = (
     Writer("pointwise", "triton", write_pointwise, PointwiseConfig, _pointwise_drafts),
     Writer("reduction", "triton", write_row_reduction, RowConfig, _row_drafts),
+    Writer("reduction", "triton", write_dim_reduction, DimConfig, _dim_drafts),
     Writer("matmul", "triton", write_triton_matmul, MatmulConfig, _matmul_drafts),
     Writer("conv", "triton", write_conv_epilogue, PointwiseConfig, _pointwise_drafts),
     Writer("pointwise", "cuda", write_cuda_pointwise, CudaPointwiseConfig,
