@@ -22,9 +22,11 @@ from core.report import print_search_table, print_site_table
 from core.roofline import GpuPeaks
 from core.run import OptimizeConfig, OptimizeRun
 from core.search import SearchConfig
+from generators.llm_client import LlmConfig
 from store import open_reader
 
 TIERS = ("triton", "cuda")
+GENERATORS = ("rules", "llm")
 
 
 def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, ListSitesConfig]:
@@ -61,8 +63,20 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, ListSitesConfig]
                         help="comma-separated: triton, cuda (cuda needs a GPU)")
     search.add_argument("--cuda-share", type=float, default=0.10,
                         help="a site still holding this share of the model time gets CUDA")
-    search.add_argument("--generator", choices=["rules"], default="rules",
-                        help="who writes kernels (the offline rules)")
+    search.add_argument("--generator", default="rules",
+                        help="who writes kernels: rules (offline), llm, or rules,llm in one "
+                        "tree (default: rules)")
+    llm = parser.add_argument_group("LLM generator (--generator llm or rules,llm)")
+    llm.add_argument("--llm-model", default=os.environ.get("KILN_LLM_MODEL", "gpt-4o"),
+                     help="model name at the endpoint (default: $KILN_LLM_MODEL, else gpt-4o)")
+    llm.add_argument("--llm-base-url",
+                     help="OpenAI-compatible endpoint, e.g. http://localhost:8000/v1 "
+                     "(default: $OPENAI_BASE_URL, else OpenAI); the key is $OPENAI_API_KEY")
+    llm.add_argument("--llm-temperature", type=float, default=0.7)
+    llm.add_argument("--llm-max-tokens", type=int, default=8192, help="per reply")
+    llm.add_argument("--llm-timeout", type=float, default=300.0,
+                     help="seconds per request before it is retried")
+    llm.add_argument("--llm-concurrency", type=int, default=4, help="requests in flight")
     search.add_argument("--db", type=Path, default=Path(os.environ.get("KILN_DB", "kiln.db")),
                         help="the kernel store (default: $KILN_DB, else ./kiln.db)")
     search.add_argument("--workers", type=int, default=2, help="evaluation worker processes")
@@ -79,6 +93,7 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, ListSitesConfig]
         raise KilnInputError(f"unknown tier(s) in --tiers {args.tiers!r}",
                              "pass --tiers triton, --tiers cuda or --tiers triton,cuda")
     args.tiers = tiers
+    args.generator = _generators(args)
     if args.max_candidates < 1 or args.sites < 1 or args.workers < 1 or args.budget <= 0:
         raise KilnInputError("--budget, --max-candidates, --sites and --workers must be "
                              "positive", "pass positive numbers")
@@ -100,6 +115,24 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, ListSitesConfig]
     return args, config
 
 
+def _generators(args: argparse.Namespace) -> tuple[str, ...]:
+    names = tuple(g.strip() for g in args.generator.split(",") if g.strip())
+    if not names or any(g not in GENERATORS for g in names) or len(set(names)) < len(names):
+        raise KilnInputError(f"unknown --generator {args.generator!r}",
+                             "pass --generator rules, llm or rules,llm")
+    if "llm" in names:
+        if args.llm_concurrency < 1 or args.llm_max_tokens < 1 or args.llm_timeout <= 0:
+            raise KilnInputError("--llm-concurrency, --llm-max-tokens and --llm-timeout must "
+                                 "be positive", "pass positive numbers")
+        local = args.llm_base_url or os.environ.get("OPENAI_BASE_URL")
+        if not local and not os.environ.get("OPENAI_API_KEY"):
+            raise KilnInputError(
+                "--generator llm needs an endpoint: neither OPENAI_API_KEY nor a base URL is set",
+                "export OPENAI_API_KEY for OpenAI, or pass --llm-base-url (or set "
+                "OPENAI_BASE_URL) for a local vLLM, Ollama or LM Studio server")
+    return names
+
+
 def _settings_of_run(args: argparse.Namespace) -> None:
     """On --resume, the model and profiling settings come from the run being resumed."""
     if args.list_sites:
@@ -113,7 +146,7 @@ def _settings_of_run(args: argparse.Namespace) -> None:
     settings = run.config
     args.model = run.model_spec
     for name in ("device", "dtype", "seed", "batch", "seq_len", "image_size", "sites",
-                 "cuda_share"):
+                 "cuda_share", "generator", "llm_model"):
         if name in settings:
             setattr(args, name, settings[name])
     args.out = Path(settings.get("out", args.out))
@@ -139,7 +172,11 @@ def main(argv: list[str] | None = None) -> int:
         profile=replace(config, quiet=args.json), db=args.db, budget_minutes=args.budget,
         max_candidates=args.max_candidates, sites=args.sites, tiers=tiers,
         cuda_share=args.cuda_share, workers=args.workers,
-        search=SearchConfig(seed=args.seed)), progress)
+        search=SearchConfig(seed=args.seed), generators=args.generator,
+        llm=LlmConfig(model=args.llm_model, base_url=args.llm_base_url,
+                      temperature=args.llm_temperature, max_tokens=args.llm_max_tokens,
+                      timeout_s=args.llm_timeout, concurrency=args.llm_concurrency)),
+        progress)
     report = run.execute(resume=args.resume)
     if args.json:
         print(json.dumps(report, indent=2))

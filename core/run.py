@@ -25,7 +25,10 @@ from core.pipeline import ListSitesConfig, ProfiledModel, profile_sites
 from core.progress import Progress
 from core.search import Node, SearchConfig, SiteSearch
 from core.sites import Site
-from generators.base import Feedback, Parent, Proposal, Proposals
+from generators.base import Feedback, Generator, Parent, Proposal, Proposals, Repairer
+from generators.llm import LLMGenerator
+from generators.llm_client import LlmCall, LlmConfig
+from generators.mixed import MixedGenerator
 from generators.rules import RulesGenerator
 from store import Candidate, Store
 
@@ -41,6 +44,8 @@ class OptimizeConfig:
     cuda_share: float = 0.10
     workers: int = 1
     search: SearchConfig = SearchConfig()
+    generators: tuple[str, ...] = ("rules",)  # "rules", "llm" or both, in one tree
+    llm: LlmConfig = LlmConfig()
 
 
 @dataclass(eq=False)
@@ -80,14 +85,38 @@ class OptimizeRun:
     def __init__(self, config: OptimizeConfig, progress: Progress) -> None:
         self.config = config
         self.progress = progress
-        self.generator = RulesGenerator()
         self.store = Store.open(config.db, create=True)
+        self.run_id: int | None = None
+        self.site_of_problem: dict[Path, int] = {}
+        self.generator = self._generator()
         self.started = time.perf_counter()
         self.evaluated = 0
+
+    def _generator(self) -> Generator:
+        made: list[Generator] = []
+        for name in self.config.generators:
+            if name == "rules":
+                made.append(RulesGenerator())
+            elif name == "llm":
+                made.append(LLMGenerator(self.config.llm, record=self._record_call,
+                                         notify=self.progress.step,
+                                         peaks=self.config.profile.peaks))
+            else:
+                raise KilnInputError(f"unknown generator {name!r}",
+                                     "pass --generator rules, llm or rules,llm")
+        return made[0] if len(made) == 1 else MixedGenerator(made)
+
+    def _record_call(self, problem: Path, call: LlmCall) -> int:
+        return self.store.add_llm_call(
+            self.run_id, model=call.model, prompt=call.prompt, reply=call.reply,
+            prompt_tokens=call.prompt_tokens, completion_tokens=call.completion_tokens,
+            latency_ms=call.latency_ms, cost_usd=call.cost_usd,
+            site_id=self.site_of_problem.get(problem.resolve()), error=call.error)
 
     def _site_run(self, profiled: ProfiledModel, site: Site, site_id: int,
                   evaluator: Evaluator) -> SiteRun:
         problem = site.folder / "problem.py"
+        self.site_of_problem[problem.resolve()] = site_id
         holder: dict[str, SiteRun] = {}
 
         def propose(parent: Parent | None, n: int) -> Proposals:
@@ -110,12 +139,15 @@ class OptimizeRun:
                 new = self.store.add_candidate(
                     site_id, parent_id=parent, tier=proposal.tier,
                     generator=proposal.generator, rationale=proposal.rationale,
-                    source=proposal.source, settings=proposal.settings)
+                    source=proposal.source, settings=proposal.settings,
+                    llm_call_id=proposal.llm_call_id)
                 node.candidate_id = new.id
                 self.store.add_verdict(new.id, run.verdicts.pop(id(proposal)))
 
+        repairable = self.generator.can_repair if isinstance(self.generator, Repairer) \
+            else None
         search = SiteSearch(math.inf, site.cost.floor_ms, propose, evaluate, record,
-                            self.config.search)
+                            self.config.search, repairable)
         run = SiteRun(site, site_id, search, ("triton",))
         holder["run"] = run
         return run
@@ -166,6 +198,7 @@ class OptimizeRun:
                     f"run {run_id}'s model no longer cuts into the same sites ({missing[0]} is "
                     "new): it changed since the run started",
                     "start a new run for the changed model")
+        self.run_id = run_id
         total = float(report["captured_ms"])
         chosen = sorted((s for s in profiled.table.sites if s.family != "other"),
                         key=lambda s: -(s.time_ms * (1 - s.floor_ms / max(s.time_ms, 1e-9))))
@@ -180,6 +213,10 @@ class OptimizeRun:
         except BaseException:
             self.store.finish_run(run_id, status="failed")
             raise
+        finally:
+            close = getattr(self.generator, "close", None)
+            if close is not None:
+                close()
         self.store.finish_run(run_id, status="done")
         return {**report, "run_id": run_id, "db": str(config.db),
                 "resumed": state is not None,
@@ -284,7 +321,8 @@ def run_settings(config: OptimizeConfig) -> dict[str, object]:
             "image_size": profile.shape.image_size, "out": str(profile.out),
             "tiers": list(config.tiers), "sites": config.sites,
             "budget_minutes": config.budget_minutes, "max_candidates": config.max_candidates,
-            "cuda_share": config.cuda_share, "search_seed": config.search.seed}
+            "cuda_share": config.cuda_share, "search_seed": config.search.seed,
+            "generator": ",".join(config.generators), "llm_model": config.llm.model}
 
 
 def _model_hash(profiled: ProfiledModel) -> str:

@@ -5,8 +5,10 @@ generator for children of that node's kernel (for the root: drafts); every child
 evaluated, and its reward (speedup against the baseline on a log scale, zero if rejected)
 is backed up to the root as a maximum: a subtree is worth its best kernel, since one great
 kernel is all a site needs. A node may hold about `widening * visits ** 0.5` children, so
-promising nodes get more. Expansions are taken in batches, so the evaluator's workers compile
-one batch while the GPU times another.
+promising nodes get more. A rejected kernel takes no children, except that a generator able to
+repair it (`repairable`) gets one repair child, ahead of the next batch's expansions; a
+subtree below a rejected kernel is searched once a repair in it was accepted. Expansions are
+taken in batches, so the evaluator's workers compile one batch while the GPU times another.
 
 The search is deterministic given the generator, the evaluator and the seed: ties are broken
 by a seeded generator, never by timing or hashing.
@@ -68,6 +70,7 @@ def reward(feedback: Feedback, baseline_ms: float) -> float:
 Propose = Callable[[Parent | None, int], Proposals]
 Evaluate = Callable[[list[Proposal]], list[Feedback]]
 Record = Callable[[Node], None]
+Repairable = Callable[[Proposal, Feedback], bool]
 
 
 @dataclass
@@ -80,12 +83,14 @@ class SiteSearch:
     evaluate: Evaluate
     record: Record
     config: SearchConfig = SearchConfig()
+    repairable: Repairable | None = None  # which rejected kernels get a repair child
     root: Node = field(default_factory=lambda: Node(None, None))
     evaluations: int = 0
     since_best: int = 0
     best: Node | None = None
     declined: str = ""  # why the generator had no drafts, if it had none
     stuck: bool = False  # no node anywhere can take another child
+    repairs: list[Node] = field(default_factory=list)  # rejected kernels awaiting a repair
 
     def __post_init__(self) -> None:
         self.random = random.Random(self.config.seed)
@@ -120,7 +125,7 @@ class SiteSearch:
         grow = self._can_grow(node) and node not in taken
         if grow and len(node.children) < self._limit(node):
             return node
-        options = [c for c in node.children if c.latency_ms is not None]
+        options = [c for c in node.children if c.latency_ms is not None or c.value > 0]
         ranked = sorted(options, key=lambda c: (self._uct(c, node), self.random.random()),
                         reverse=True)
         for child in ranked:
@@ -136,6 +141,12 @@ class SiteSearch:
         taken: set[Node] = set()
         expansions: list[tuple[Node, Proposal]] = []
         expanded = 0
+        while self.repairs and expanded < self.config.batch and len(expansions) < limit:
+            node = self.repairs.pop(0)
+            result = self.propose(Parent(node.proposal, node.feedback), 1)
+            if result.children:
+                expanded += 1
+                expansions.append((node, result.children[0]))
         while expanded < self.config.batch and len(expansions) < limit:
             node = self.select(taken)
             if node is None:
@@ -165,6 +176,9 @@ class SiteSearch:
         if self._attach(child):
             self.since_best = 0
         self.record(child)
+        if self.repairable is not None and not feedback.accepted \
+                and self.repairable(proposal, feedback):
+            self.repairs.append(child)
 
     def adopt(self, parent: Node, proposal: Proposal, feedback: Feedback,
               candidate_id: int) -> Node:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,7 @@ class Proposal:
     generator: str
     rationale: str
     settings: dict[str, object] = field(default_factory=dict)  # the writer's knobs
+    llm_call_id: int | None = None  # the stored chat request that wrote it, if one did
 
 
 @dataclass(frozen=True)
@@ -57,3 +58,10 @@ class Generator(Protocol):
 
     def propose(self, problem: Path, parent: Parent | None, n: int,
                 tiers: tuple[str, ...] = ("triton",)) -> Proposals: ...
+
+
+@runtime_checkable
+class Repairer(Protocol):
+    """A generator that can write a repair child under one of its failed kernels."""
+
+    def can_repair(self, proposal: Proposal, feedback: Feedback) -> bool: ...
