@@ -1,4 +1,4 @@
-"""Export: the winners as KernelBench problem/solution pairs, or every record as JSON or CSV."""
+"""Export: the winners as an installable package or KernelBench pairs, or every record."""
 
 import streamlit as st
 
@@ -8,6 +8,8 @@ from core.errors import KilnInputError
 from store import EXPORT_FORMATS
 
 DESCRIPTIONS = {
+    "package": "an installable Python package of the kernels that beat PyTorch, with"
+    " `install(model)` and a README of their speedups",
     "kernelbench": "each site's fastest accepted kernel with its problem, as KernelBench pairs"
     " (`python -m core.evaluate problem.py model_new.py` runs each)",
     "json": "every table as one JSON file, JSON columns parsed",
@@ -21,7 +23,8 @@ run_id = st.selectbox(
     "Run",
     [None, *reversed(runs)],
     format_func=lambda i: (
-        "every run (kernelbench: the latest)" if i is None else f"{i}: {runs[i].model_spec}"
+        "every run (package, kernelbench: the latest)" if i is None
+        else f"{i}: {runs[i].model_spec}"
     ),
 )
 fmt = st.radio(

@@ -103,7 +103,7 @@ def _best(store: Store, args: argparse.Namespace) -> None:
 
 
 def _export(store: Store, args: argparse.Namespace) -> None:
-    paths = export(store, args.format, Path(args.out), args.run)
+    paths = export(store, args.format, Path(args.out), args.run, args.min_speedup)
     _emit(args, [str(path) for path in paths], "\n".join(str(path) for path in paths))
 
 
@@ -162,8 +162,11 @@ def _parser() -> argparse.ArgumentParser:
         "--format",
         required=True,
         choices=EXPORT_FORMATS,
-        help="kernelbench: each site's problem and fastest accepted kernel; json, csv: all records",
+        help="package: an installable package of the winning kernels; kernelbench: each "
+        "site's problem and fastest accepted kernel; json, csv: all records",
     )
+    out.add_argument("--min-speedup", type=float, default=1.0,
+                     help="package: only kernels faster than PyTorch by more than this")
     out.add_argument("--out", required=True, help="folder to write into")
     out.add_argument("--run", type=int, help="only this run (kernelbench: default the latest)")
     out.set_defaults(act=_export)

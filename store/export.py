@@ -12,7 +12,7 @@ from typing import Any
 from core.errors import KilnInputError
 from store.reader import StoreReader
 
-EXPORT_FORMATS = ("kernelbench", "json", "csv")
+EXPORT_FORMATS = ("package", "kernelbench", "json", "csv")
 PROBLEM_FILE = "problem.py"
 SOLUTION_FILE = "model_new.py"
 
@@ -144,8 +144,18 @@ def export_csv(store: StoreReader, out: Path, run_id: int | None = None) -> list
     return written
 
 
-def export(store: StoreReader, fmt: str, out: Path, run_id: int | None = None) -> list[Path]:
-    exporters = {"kernelbench": export_kernelbench, "json": export_json, "csv": export_csv}
+def export(store: StoreReader, fmt: str, out: Path, run_id: int | None = None,
+           min_speedup: float = 1.0) -> list[Path]:
+    """Write a run's kernels or records as `fmt`; `min_speedup` applies to `package`."""
+    # Imported here: the package export needs torch, which the rest of the CLI does not.
+    from store.package import export_package
+
+    exporters = {
+        "package": lambda s, o, r: export_package(s, o, r, min_speedup),
+        "kernelbench": export_kernelbench,
+        "json": export_json,
+        "csv": export_csv,
+    }
     if fmt not in exporters:
         raise KilnInputError(
             f"unknown export format {fmt!r}", f"use one of: {', '.join(EXPORT_FORMATS)}"

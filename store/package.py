@@ -1,0 +1,116 @@
+"""The `package` export: a Python package of a run's winning kernels and `install(model)`.
+
+The package carries everything it needs and nothing of Kiln's beyond copies of the few modules
+that find sites in a graph and swap them (`_kiln/`), so it runs where only torch and triton
+(and pycuda, for CUDA kernels) are installed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import torch
+
+from core.errors import KilnInputError
+from store.reader import StoreReader
+
+PACKAGE = "kiln_kernels"
+FILES = Path(__file__).resolve().parent / "package_files"
+CORE = Path(__file__).resolve().parents[1] / "core"
+# The modules that cut a graph into sites and call replacements in their place, and the CUDA
+# runtime tier-2 kernels import.
+VENDORED = ("ops", "partition", "site_problem", "capture", "stitch", "cuda_runtime")
+_CORE_IMPORT = re.compile(r"^(from )core\.(\w+)( import )", re.MULTILINE)
+
+
+def _vendor(source: str) -> str:
+    """Point `from core.x import ...` at the package's own copy."""
+    return _CORE_IMPORT.sub(rf"\1{PACKAGE}._kiln.\2\3", source)
+
+
+def proven_inputs(problem_source: str) -> list[dict[str, object]]:
+    """The inputs a site's kernels were proven on: the problem's shapes, strides and dtypes."""
+    namespace: dict[str, object] = {}
+    exec(compile(problem_source, "<site problem>", "exec"), namespace)
+    with torch.device("meta"):
+        inputs = namespace["get_inputs"]()
+    return [{"shape": list(t.shape), "stride": list(t.stride()), "dtype": str(t.dtype)}
+            for t in inputs]
+
+
+def _readme(run: object, sites: list[dict[str, object]]) -> str:
+    rows = "\n".join(
+        f"| `{s['key']}` | {s['family']} | {s['tier']} | {s['latency_ms']:.4f} | "
+        f"{s['speedup']:.2f}x | {s['signature']} |" for s in sites)
+    return f"""# {PACKAGE}
+
+Kernels Kiln found for `{run.model_spec}` (run {run.id}, {run.gpu}), each proven correct
+against PyTorch by Kiln's evaluator and timed against it.
+
+```python
+import {PACKAGE}
+fast = {PACKAGE}.install(model)   # the unmodified model, its sites calling these kernels
+fast(*inputs)
+{PACKAGE}.stats()                 # kernel calls and fallbacks per site
+```
+
+A call whose inputs differ from those a kernel was proven on (shape, stride, dtype, device),
+or that needs gradients, runs the site's original PyTorch ops instead.
+
+| site | family | tier | latency ms | speedup | signature |
+| --- | --- | --- | --- | --- | --- |
+{rows}
+
+Speedups are against the site's PyTorch reference, measured by the evaluator on {run.gpu}.
+"""
+
+
+def export_package(store: StoreReader, out: Path, run_id: int | None = None,
+                   min_speedup: float = 1.0) -> list[Path]:
+    """Write `out/kiln_kernels/`: the run's fastest accepted kernel per site that beat PyTorch
+    by more than `min_speedup`."""
+    run_id = store.latest_run_id() if run_id is None else run_id
+    run = store.run(run_id)
+    winners = [w for w in store.best(run_id) if (w.speedup or 0.0) > min_speedup]
+    if not winners:
+        raise KilnInputError(
+            f"run {run_id} has no accepted kernel faster than PyTorch by more than "
+            f"{min_speedup}x", "let the search find one, or pass a lower --min-speedup")
+    root = out / PACKAGE
+    try:
+        if root.exists():
+            shutil.rmtree(root)
+        for folder in (root / "_kiln", root / "kernels", root / "problems"):
+            folder.mkdir(parents=True)
+        written = []
+        for name in ("__init__.py", "install.py"):
+            shutil.copyfile(FILES / name, root / name)
+            written.append(root / name)
+        (root / "_kiln" / "__init__.py").write_text('"""Copies of the parts of Kiln that '
+                                                    'find and swap sites."""\n')
+        for name in VENDORED:
+            path = root / "_kiln" / f"{name}.py"
+            path.write_text(_vendor((CORE / f"{name}.py").read_text()))
+            written.append(path)
+        sites = []
+        for winner in winners:
+            site = store.site(winner.site_id)
+            kernel = root / "kernels" / f"{site.key}.py"
+            kernel.write_text(_vendor(store.candidate(winner.id).source))
+            problem = root / "problems" / f"{site.key}.py"
+            problem.write_text(site.problem_source)
+            written += [kernel, problem]
+            sites.append({"key": site.key, "family": site.family, "signature": site.signature,
+                          "tier": winner.tier, "generator": winner.generator,
+                          "candidate_id": winner.id, "latency_ms": winner.latency_ms,
+                          "speedup": winner.speedup,
+                          "proven": proven_inputs(site.problem_source)})
+        (root / "sites.json").write_text(json.dumps(sites, indent=2))
+        (root / "README.md").write_text(_readme(run, sites))
+    except OSError as err:
+        raise KilnInputError(f"cannot write {root}: {err.strerror or err}",
+                             "pass --out with a writable folder") from err
+    return [*written, root / "sites.json", root / "README.md"]
