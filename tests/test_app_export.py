@@ -19,6 +19,9 @@ def test_page_offers_every_format_and_a_download(app_store: AppStore, monkeypatc
     app = open_page("export.py")
     assert tuple(app.radio[0].options) == tuple(app.radio[0].format_func(f) for f in EXPORT_FORMATS)
     assert not app.get("download_button")
+    # Whether a CPU kernel beat PyTorch (the package's bar) depends on timing noise; the
+    # KernelBench pairs hold every site's fastest accepted kernel whatever its speed.
+    app.radio[0].set_value("kernelbench").run()
     app.button[0].click().run()
     (download,) = app.get("download_button")
     assert download.proto.label.startswith("Download kiln-kernelbench-all.zip")
