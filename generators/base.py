@@ -8,6 +8,7 @@ instead of proposing nothing silently.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -65,3 +66,8 @@ class Repairer(Protocol):
     """A generator that can write a repair child under one of its failed kernels."""
 
     def can_repair(self, proposal: Proposal, feedback: Feedback) -> bool: ...
+
+
+def source_digest(source: str) -> str:
+    """A candidate's identity for "proposed before": the hash of its source."""
+    return hashlib.sha256(source.encode()).hexdigest()

@@ -11,14 +11,13 @@ the generator declines everything from then on, and says why once through `notif
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from core.roofline import GpuPeaks
-from generators.base import Feedback, Parent, Proposal, Proposals
+from generators.base import Feedback, Parent, Proposal, Proposals, source_digest
 from generators.llm_client import ChatClient, EndpointError, LlmCall, LlmConfig, RequestRejected
 from generators.llm_prompt import (
     TARGETS,
@@ -47,9 +46,6 @@ class Answer:
     error: EndpointError | None = None
 
 
-def _digest(source: str) -> str:
-    return hashlib.sha256(source.encode()).hexdigest()
-
 
 class LLMGenerator:
     name = "llm"
@@ -74,7 +70,7 @@ class LLMGenerator:
 
     def remember(self, problem: Path, source: str) -> None:
         """A source proposed before (in an earlier, interrupted run): never propose it again."""
-        self._seen.setdefault(problem.resolve(), set()).add(_digest(source))
+        self._seen.setdefault(problem.resolve(), set()).add(source_digest(source))
 
     def can_repair(self, proposal: Proposal, feedback: Feedback) -> bool:
         """A failed kernel of this generator gets a repair child while its chain has budget."""
@@ -171,7 +167,7 @@ class LLMGenerator:
             if answer.source is None:
                 reasons.append("; ".join(answer.problems))
                 continue
-            digest = _digest(answer.source)
+            digest = source_digest(answer.source)
             if digest in seen:
                 reasons.append("the model repeated a kernel it had written before")
                 continue

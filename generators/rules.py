@@ -8,14 +8,13 @@ already proposed for the site are skipped, so every child is distinct.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
-from generators.base import Parent, Proposal, Proposals
+from generators.base import Parent, Proposal, Proposals, source_digest
 from generators.cuda_pointwise import CudaPointwiseConfig, write_cuda_pointwise
 from generators.cuda_reduction import CudaReductionConfig, write_cuda_reduction
 from generators.mutations import neighbours
@@ -101,9 +100,6 @@ WRITERS = (
 )
 
 
-def _digest(source: str) -> str:
-    return hashlib.sha256(source.encode()).hexdigest()
-
 
 class RulesGenerator:
     name = "rules"
@@ -127,7 +123,7 @@ class RulesGenerator:
 
     def remember(self, problem: Path, source: str) -> None:
         """A source proposed before (in an earlier, interrupted run): never propose it again."""
-        self._seen.setdefault(problem.resolve(), set()).add(_digest(source))
+        self._seen.setdefault(problem.resolve(), set()).add(source_digest(source))
 
     def propose(self, problem: Path, parent: Parent | None, n: int,
                 tiers: tuple[str, ...] = ("triton",)) -> Proposals:
@@ -160,7 +156,7 @@ class RulesGenerator:
             except Unsupported as reason:
                 reasons.append(str(reason))
                 continue
-            digest = _digest(source)
+            digest = source_digest(source)
             if digest in seen:
                 continue
             seen.add(digest)
