@@ -56,6 +56,11 @@ class SiteRun:
     tiers: tuple[str, ...]
     verdicts: dict[int, Verdict] = field(default_factory=dict)  # by id() of the proposal
 
+    def note_baseline(self, baseline_ms: float | None) -> None:
+        """The site's PyTorch time, from the first verdict that timed it."""
+        if baseline_ms and not math.isfinite(self.search.baseline_ms):
+            self.search.baseline_ms = baseline_ms
+
     @property
     def headroom(self) -> float:
         """How far above its floor the site's best is, in (0, 1]."""
@@ -113,8 +118,7 @@ class OptimizeRun:
             latency_ms=call.latency_ms, cost_usd=call.cost_usd,
             site_id=self.site_of_problem.get(problem.resolve()), error=call.error)
 
-    def _site_run(self, profiled: ProfiledModel, site: Site, site_id: int,
-                  evaluator: Evaluator) -> SiteRun:
+    def _site_run(self, site: Site, site_id: int, evaluator: Evaluator) -> SiteRun:
         problem = site.folder / "problem.py"
         self.site_of_problem[problem.resolve()] = site_id
         holder: dict[str, SiteRun] = {}
@@ -127,8 +131,7 @@ class OptimizeRun:
             verdicts = evaluator.evaluate_many([(problem, p.source) for p in proposals])
             for proposal, verdict in zip(proposals, verdicts, strict=True):
                 run.verdicts[id(proposal)] = verdict
-                if verdict.baseline_ms and not math.isfinite(run.search.baseline_ms):
-                    run.search.baseline_ms = verdict.baseline_ms
+                run.note_baseline(verdict.baseline_ms)
             return [feedback_of(v, site.cost.floor_ms) for v in verdicts]
 
         def record(node: Node) -> None:
@@ -206,7 +209,7 @@ class OptimizeRun:
         eval_config = EvalConfig(device=config.profile.device)
         try:
             with Evaluator(eval_config, workers=config.workers) as evaluator:
-                runs = [self._site_run(profiled, s, site_ids[s.key], evaluator) for s in chosen]
+                runs = [self._site_run(s, site_ids[s.key], evaluator) for s in chosen]
                 if state is not None:
                     self._restore(runs, state.candidates, evaluator)
                 self._search(runs, total)
@@ -249,18 +252,13 @@ class OptimizeRun:
                                 candidate.summary.generator, candidate.summary.rationale,
                                 candidate.settings or {})
             self.generator.remember(problem, candidate.source)
-            verdict = candidate.verdict
-            if verdict is None:
-                judged = evaluator.evaluate(problem, candidate.source)
-                self.store.add_verdict(candidate.id, judged)
-                verdict = judged.to_dict()
-            feedback = Feedback(accepted=bool(verdict["accepted"]), reason=verdict["reason"],
-                                latency_ms=verdict.get("latency_ms"),
-                                baseline_ms=verdict.get("baseline_ms"),
-                                floor_ms=run.site.cost.floor_ms,
-                                compile_log=verdict.get("compile_log", ""))
-            if feedback.baseline_ms and not math.isfinite(run.search.baseline_ms):
-                run.search.baseline_ms = feedback.baseline_ms
+            if candidate.verdict is None:
+                verdict = evaluator.evaluate(problem, candidate.source)
+                self.store.add_verdict(candidate.id, verdict)
+            else:
+                verdict = Verdict.from_dict(candidate.verdict)
+            feedback = feedback_of(verdict, run.site.cost.floor_ms)
+            run.note_baseline(verdict.baseline_ms)
             parent = nodes.get(candidate.summary.parent_id, run.search.root)
             nodes[candidate.id] = run.search.adopt(parent, proposal, feedback, candidate.id)
             if proposal.tier == "cuda":

@@ -26,8 +26,9 @@ import triton
 from streamlit.testing.v1 import AppTest
 
 from core.evaluate import EvalConfig, Evaluator
+from core.run import feedback_of
 from core.verdict import Verdict
-from generators.base import Feedback, Parent, Proposal
+from generators.base import Parent, Proposal
 from generators.rules import RulesGenerator
 from store import Store, open_reader
 
@@ -85,13 +86,6 @@ def list_sites(model: Path, out: Path) -> dict:
     if result.returncode != 0:
         raise RuntimeError(f"--list-sites failed ({result.returncode}):\n{result.stderr}")
     return json.loads(result.stdout)
-
-
-def _feedback(verdict: Verdict, floor_ms: float | None) -> Feedback:
-    return Feedback(
-        accepted=verdict.accepted, reason=verdict.reason, latency_ms=verdict.latency_ms,
-        baseline_ms=verdict.baseline_ms, floor_ms=floor_ms, compile_log=verdict.compile_log,
-    )  # fmt: skip
 
 
 def _judge(
@@ -161,7 +155,7 @@ def fill_app_store(folder: Path) -> AppStore:
             if not accepted:
                 continue
             parent_id, proposal, verdict = accepted[0]
-            parent = Parent(proposal, _feedback(verdict, floor_ms))
+            parent = Parent(proposal, feedback_of(verdict, floor_ms))
             for child in generator.propose(problem, parent, CHILDREN_PER_SITE).children:
                 children.append((site_id, problem, child, parent_id))
         second = _judge(store, evaluator, children)
