@@ -66,6 +66,9 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, ListSitesConfig]
     search.add_argument("--generator", default="rules",
                         help="who writes kernels: rules (offline), llm, or rules,llm in one "
                         "tree (default: rules)")
+    search.add_argument("--strategy", choices=["uct", "random"], default="uct",
+                        help="how a site's tree is grown: UCT (default), or expanding a node "
+                        "drawn at random, the baseline to compare the search against")
     llm = parser.add_argument_group("LLM generator (--generator llm or rules,llm)")
     llm.add_argument("--llm-model", default=os.environ.get("KILN_LLM_MODEL", "gpt-4o"),
                      help="model name at the endpoint (default: $KILN_LLM_MODEL, else gpt-4o)")
@@ -146,7 +149,7 @@ def _settings_of_run(args: argparse.Namespace) -> None:
     settings = run.config
     args.model = run.model_spec
     for name in ("device", "dtype", "seed", "batch", "seq_len", "image_size", "sites",
-                 "cuda_share", "generator", "llm_model"):
+                 "cuda_share", "generator", "llm_model", "strategy"):
         if name in settings:
             setattr(args, name, settings[name])
     args.out = Path(settings.get("out", args.out))
@@ -172,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         profile=replace(config, quiet=args.json), db=args.db, budget_minutes=args.budget,
         max_candidates=args.max_candidates, sites=args.sites, tiers=tiers,
         cuda_share=args.cuda_share, workers=args.workers,
-        search=SearchConfig(seed=args.seed), generators=args.generator,
+        search=SearchConfig(seed=args.seed, strategy=args.strategy),
+        generators=args.generator,
         llm=LlmConfig(model=args.llm_model, base_url=args.llm_base_url,
                       temperature=args.llm_temperature, max_tokens=args.llm_max_tokens,
                       timeout_s=args.llm_timeout, concurrency=args.llm_concurrency)),

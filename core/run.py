@@ -320,6 +320,7 @@ def run_settings(config: OptimizeConfig) -> dict[str, object]:
             "tiers": list(config.tiers), "sites": config.sites,
             "budget_minutes": config.budget_minutes, "max_candidates": config.max_candidates,
             "cuda_share": config.cuda_share, "search_seed": config.search.seed,
+            "strategy": config.search.strategy,
             "generator": ",".join(config.generators), "llm_model": config.llm.model}
 
 

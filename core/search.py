@@ -35,6 +35,9 @@ class SearchConfig:
     stall: int = 12  # evaluations without a new best before the site stops
     floor_fraction: float = 0.9  # stop once the best reaches this fraction of the floor speed
     seed: int = 0
+    # "uct", or "random": expand a node drawn uniformly from all that can take a child, the
+    # baseline the tree search is measured against.
+    strategy: str = "uct"
 
 
 @dataclass(eq=False)
@@ -119,7 +122,18 @@ class SiteSearch:
 
     def select(self, taken: set[Node]) -> Node | None:
         """The node to expand next; None when no node anywhere can take another child."""
+        if self.config.strategy == "random":
+            growing = [n for n in self._nodes() if self._can_grow(n) and n not in taken]
+            return self.random.choice(growing) if growing else None
         return self._select(self.root, taken)
+
+    def _nodes(self) -> list[Node]:
+        found, stack = [], [self.root]
+        while stack:
+            node = stack.pop()
+            found.append(node)
+            stack.extend(reversed(node.children))
+        return found
 
     def _select(self, node: Node, taken: set[Node]) -> Node | None:
         grow = self._can_grow(node) and node not in taken

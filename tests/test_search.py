@@ -57,12 +57,13 @@ class Landscape:
         return results
 
 
-def run(seed: int, budget: int, floor_ms: float = 0.1, stall: int = 1000):
+def run(seed: int, budget: int, floor_ms: float = 0.1, stall: int = 1000,
+        strategy: str = "uct"):
     world = Landscape()
     bests: list[float] = []
     search = SiteSearch(BASELINE_MS, floor_ms, world.propose, world.evaluate,
                         record=lambda node: bests.append(search.best_ms),
-                        config=SearchConfig(seed=seed, stall=stall, batch=2))
+                        config=SearchConfig(seed=seed, stall=stall, batch=2, strategy=strategy))
     while not search.done and search.evaluations < budget:
         if search.step(limit=budget - search.evaluations) == 0:
             break
@@ -89,6 +90,20 @@ def test_finds_the_optimum_with_far_fewer_evaluations_than_random_or_exhaustive(
     random_cost = sum(random_search_cost(seed) for seed in range(50)) / 50
     assert tree <= 0.5 * random_cost, (tree, random_cost)
     assert tree <= 0.25 * SIZE * SIZE, tree
+
+
+def test_beats_random_expansion_of_the_same_tree():
+    """The `random` strategy draws the node to expand uniformly: same generator, no UCT."""
+    def mean_cost(strategy: str) -> float:
+        costs = []
+        for seed in range(8):
+            search, world, _ = run(seed, budget=SIZE * SIZE, strategy=strategy)
+            assert search.best.proposal.settings == {"a": OPTIMUM[0], "b": OPTIMUM[1]}
+            costs.append(evaluations_to_optimum(world))
+        return sum(costs) / len(costs)
+
+    tree, randomly = mean_cost("uct"), mean_cost("random")
+    assert tree <= 0.5 * randomly, (tree, randomly)
 
 
 def test_never_loses_a_best_once_found():
