@@ -36,7 +36,8 @@ st.query_params.update({"run": str(run_id), "site": str(site_id)})
 def tried_in_order(candidates: pd.DataFrame) -> pd.DataFrame:
     """The candidates with their place in the search and the best accepted latency so far."""
     accepted = candidates["latency_ms"].where(candidates["accepted"].fillna(False).astype(bool))
-    return candidates.assign(order=range(1, len(candidates) + 1), best_so_far=accepted.cummin())
+    best_so_far = accepted.cummin().ffill()  # a rejected kernel keeps the best before it
+    return candidates.assign(order=range(1, len(candidates) + 1), best_so_far=best_so_far)
 
 
 def render() -> None:

@@ -171,10 +171,18 @@ def _refine(name: str, kind: OpKind, node: fx.Node) -> OpKind:
     if name.endswith("dropout") and _training_flag(node):
         return OpKind.OTHER  # random: not a deterministic site
     if name == "batch_norm":
-        # Training mode updates running statistics in place; inference mode is a per-channel
-        # affine map, elementwise, and so it fuses into a conv's epilogue.
-        return OpKind.OTHER if _training_flag(node) else OpKind.POINTWISE
+        # Inference mode is a per-channel affine map, elementwise, and so it fuses into a
+        # conv's epilogue. Training mode normalizes by the batch's statistics, a reduction;
+        # with running statistics it also updates them in place, which stays with PyTorch.
+        if not _training_flag(node):
+            return OpKind.POINTWISE
+        return OpKind.OTHER if _has_running_stats(node) else OpKind.REDUCTION
     return kind
+
+
+def _has_running_stats(node: fx.Node) -> bool:
+    stats = [node.kwargs.get(k) for k in ("running_mean", "running_var")] + list(node.args[1:3])
+    return any(isinstance(s, fx.Node) for s in stats)
 
 
 def _training_flag(node: fx.Node) -> bool:

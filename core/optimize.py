@@ -15,6 +15,7 @@ import torch
 
 from core.errors import KilnInputError, exit_on_input_error
 from core.load import DTYPES, BuiltinShape
+from core.markdown_report import write_markdown_report
 from core.pipeline import ListSitesConfig, list_sites
 from core.profile import ProfileConfig
 from core.progress import Progress
@@ -22,7 +23,7 @@ from core.report import print_search_table, print_site_table
 from core.roofline import GpuPeaks
 from core.run import OptimizeConfig, OptimizeRun
 from core.search import SearchConfig
-from generators.llm_client import LlmConfig
+from generators.llm_config import LlmConfig
 from store import open_reader
 
 TIERS = ("triton", "cuda")
@@ -66,6 +67,12 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, ListSitesConfig]
     search.add_argument("--generator", default="rules",
                         help="who writes kernels: rules (offline), llm, or rules,llm in one "
                         "tree (default: rules)")
+    search.add_argument("--site-compile", action=argparse.BooleanOptionalAction, default=True,
+                        help="time each searched site under torch.compile too, and measure "
+                        "kernels against the faster of eager and compiled (default: on)")
+    search.add_argument("--e2e", action=argparse.BooleanOptionalAction, default=True,
+                        help="install the winners in the model, check it on fresh inputs and "
+                        "time it against eager and torch.compile (default: on)")
     search.add_argument("--strategy", choices=["uct", "random"], default="uct",
                         help="how a site's tree is grown: UCT (default), or expanding a node "
                         "drawn at random, the baseline to compare the search against")
@@ -176,12 +183,16 @@ def main(argv: list[str] | None = None) -> int:
         max_candidates=args.max_candidates, sites=args.sites, tiers=tiers,
         cuda_share=args.cuda_share, workers=args.workers,
         search=SearchConfig(seed=args.seed, strategy=args.strategy),
+        site_compile=args.site_compile, e2e=args.e2e,
         generators=args.generator,
         llm=LlmConfig(model=args.llm_model, base_url=args.llm_base_url,
                       temperature=args.llm_temperature, max_tokens=args.llm_max_tokens,
                       timeout_s=args.llm_timeout, concurrency=args.llm_concurrency)),
         progress)
     report = run.execute(resume=args.resume)
+    slug = Path(report["sites"][0]["problem"]).parents[2].name if report["sites"] else "model"
+    report["report_md"] = str(write_markdown_report(report, args.out / slug / "report.md"))
+    progress.step(f"report written to {report['report_md']}")
     if args.json:
         print(json.dumps(report, indent=2))
     else:

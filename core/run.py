@@ -19,15 +19,17 @@ from pathlib import Path
 
 import torch
 
+from core.e2e import EndToEnd, EndToEndCheck, SiteGain
 from core.errors import KilnInputError
 from core.evaluate import EvalConfig, Evaluator, Verdict
+from core.install import SiteKernel
 from core.pipeline import ListSitesConfig, ProfiledModel, profile_sites
 from core.progress import Progress
 from core.search import Node, SearchConfig, SiteSearch
+from core.site_baseline import time_site
 from core.sites import Site
 from generators.base import Feedback, Generator, Parent, Proposal, Proposals, Repairer
-from generators.llm import LLMGenerator
-from generators.llm_client import LlmCall, LlmConfig
+from generators.llm_config import LlmCall, LlmConfig
 from generators.mixed import MixedGenerator
 from generators.rules import RulesGenerator
 from store import Candidate, Store
@@ -46,6 +48,8 @@ class OptimizeConfig:
     search: SearchConfig = SearchConfig()
     generators: tuple[str, ...] = ("rules",)  # "rules", "llm" or both, in one tree
     llm: LlmConfig = LlmConfig()
+    site_compile: bool = True  # time each searched site under torch.compile as well as eager
+    e2e: bool = True  # install the winners and check and time the whole model
 
 
 @dataclass(eq=False)
@@ -55,11 +59,30 @@ class SiteRun:
     search: SiteSearch
     tiers: tuple[str, ...]
     verdicts: dict[int, Verdict] = field(default_factory=dict)  # by id() of the proposal
+    eager_ms: float | None = None
+    compile_ms: float | None = None
 
-    def note_baseline(self, baseline_ms: float | None) -> None:
-        """The site's PyTorch time, from the first verdict that timed it."""
-        if baseline_ms and not math.isfinite(self.search.baseline_ms):
-            self.search.baseline_ms = baseline_ms
+    def note_baseline(self, eager_ms: float | None, compile_ms: float | None = None) -> None:
+        """The site's PyTorch times; the search measures kernels against the faster.
+
+        Eager comes from the first verdict that timed it, unless measured beside compile.
+        """
+        if compile_ms is not None:
+            self.compile_ms = compile_ms
+        if eager_ms and self.eager_ms is None:
+            self.eager_ms = eager_ms
+        times = [t for t in (self.eager_ms, self.compile_ms) if t]
+        if times and not math.isfinite(self.search.baseline_ms):
+            self.search.baseline_ms = min(times)
+
+    @property
+    def winner(self) -> SiteGain | None:
+        """The site's best kernel, if it beats the site's baseline."""
+        best = self.search.best
+        if best is None or best.latency_ms >= self.search.baseline_ms or not self.eager_ms:
+            return None
+        kernel = SiteKernel(self.site.key, best.proposal.source, self.site.problem.source)
+        return SiteGain(kernel, self.site.time_ms, self.eager_ms / best.latency_ms)
 
     @property
     def headroom(self) -> float:
@@ -103,6 +126,8 @@ class OptimizeRun:
             if name == "rules":
                 made.append(RulesGenerator())
             elif name == "llm":
+                from generators.llm import LLMGenerator  # the OpenAI SDK only when asked for
+
                 made.append(LLMGenerator(self.config.llm, record=self._record_call,
                                          notify=self.progress.step,
                                          peaks=self.config.profile.peaks))
@@ -210,9 +235,12 @@ class OptimizeRun:
         try:
             with Evaluator(eval_config, workers=config.workers) as evaluator:
                 runs = [self._site_run(s, site_ids[s.key], evaluator) for s in chosen]
+                stored = {s.id: s for s in state.sites} if state is not None else {}
+                self._baselines(runs, stored, eval_config)
                 if state is not None:
                     self._restore(runs, state.candidates, evaluator)
                 self._search(runs, total)
+            e2e = self._end_to_end(profiled, runs, total) if config.e2e else None
         except BaseException:
             self.store.finish_run(run_id, status="failed")
             raise
@@ -220,11 +248,39 @@ class OptimizeRun:
             close = getattr(self.generator, "close", None)
             if close is not None:
                 close()
-        self.store.finish_run(run_id, status="done")
+        e2e_record = e2e.to_dict() if e2e is not None else None
+        self.store.finish_run(run_id, status="done", e2e=e2e_record)
         return {**report, "run_id": run_id, "db": str(config.db),
                 "resumed": state is not None,
                 "searched": [self._site_result(r) for r in runs],
-                "sites": [self._with_best(s, runs) for s in report["sites"]]}
+                "sites": [self._with_best(s, runs) for s in report["sites"]],
+                "e2e": e2e_record}
+
+    def _baselines(self, runs: list[SiteRun], stored: dict[int, object],
+                   eval_config: EvalConfig) -> None:
+        """Each site's eager and compiled times, measured once (kept across a resume)."""
+        if not self.config.site_compile:
+            return
+        for run in runs:
+            site = stored.get(run.site_id)
+            if site is not None and site.compile_ms is not None:
+                run.note_baseline(site.eager_ms, site.compile_ms)
+                continue
+            self.progress.step(f"{run.site.key}: timing PyTorch eager and torch.compile")
+            baseline = time_site(run.site.folder / "problem.py", eval_config)
+            self.store.set_site_baselines(run.site_id, eager_ms=baseline.eager_ms,
+                                          compile_ms=baseline.compile_ms)
+            run.note_baseline(baseline.eager_ms, baseline.compile_ms)
+
+    def _end_to_end(self, profiled: ProfiledModel, runs: list[SiteRun],
+                    total_ms: float) -> EndToEnd:
+        """The winners installed in the model, checked and timed against eager and compile."""
+        torch._dynamo.reset()  # the capture's compiled graphs are not the ones to time
+        loaded = profiled.loaded
+        matrix = any(s.family in ("matmul", "conv", "attention") for s in profiled.table.sites)
+        check = EndToEndCheck(loaded.model, loaded.inputs, self.config.profile.device, matrix,
+                              self.progress)
+        return check.run(total_ms, [w for r in runs if (w := r.winner) is not None])
 
     def _add_sites(self, run_id: int, profiled: ProfiledModel) -> dict[str, int]:
         site_ids = {}
@@ -294,11 +350,15 @@ class OptimizeRun:
             # Why the generator wrote nothing at all; once it has, running out of drafts is
             # the normal end of the root's widening, not news.
             "declined": run.search.declined if run.search.evaluations == 0 else "",
+            "eager_ms": run.eager_ms,
+            "compile_ms": run.compile_ms,
             "best": {
                 "candidate_id": best.candidate_id if best else None,
                 "tier": best.proposal.tier if best else "torch",
                 "latency_ms": best.latency_ms if best else baseline,
                 "speedup": baseline / best.latency_ms if best else 1.0,
+                "speedup_vs_eager": (run.eager_ms / best.latency_ms if best and run.eager_ms
+                                     else 1.0),
                 "depth": best.depth if best else 0,
             },
         }

@@ -1,10 +1,13 @@
-"""Running a model with each site's call sites replaced by a module of the caller's choice.
+"""Running a model with each site's call sites replaced by a module or an operator.
 
 The backend re-partitions every graph it is given (the same deterministic cut as the
-capture), looks each region's site key up in `modules` and calls that module in the region's
-place; regions without a module run their original ops. With the site problems' own `Model`s
-this checks that the sites plus the ops kept with PyTorch reproduce the model; with winning
-kernels it is how they are installed.
+capture), looks each region's site key up in `replacements` and calls the replacement in the
+region's place; regions without one run their original ops. A replacement is either an
+`nn.Module` called with the region's inputs (with the site problems' own `Model`s this checks
+that the sites plus the ops kept with PyTorch reproduce the model), or an operator taking the
+list of the region's input tensors and returning the list of its outputs (a `torch.library`
+custom op, opaque to a compiler the rest of the graph is handed to: how winning kernels are
+installed).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable
 
+import torch
 import torch.fx as fx
 import torch.nn as nn
 
@@ -19,12 +23,21 @@ from core.capture import copy_segment, rebuild
 from core.partition import Segment, partition, segments
 from core.site_problem import CodegenError, region_key
 
+Finish = Callable[[fx.GraphModule, list], Callable[..., object]]
 
-def stitching_backend(modules: dict[str, nn.Module], used: list[str] | None = None
+
+def _tensor_inputs(nodes: list[fx.Node]) -> bool:
+    return all(isinstance(n.meta.get("example_value"), torch.Tensor) for n in nodes)
+
+
+def stitching_backend(replacements: dict[str, nn.Module | Callable],
+                      used: list[str] | None = None, finish: Finish | None = None
                       ) -> Callable[[fx.GraphModule, list], Callable[..., object]]:
-    """A torch.compile backend calling `modules[key]` for each region whose site key is known.
+    """A torch.compile backend calling `replacements[key]` for each region whose key is known.
 
-    `used`, if given, collects the keys of the regions that were replaced.
+    `used`, if given, collects the keys of the regions that were replaced. `finish(gm,
+    example_inputs)` compiles the rebuilt graph (e.g. inductor's `compile_fx`); without it the
+    graph runs as it is.
     """
 
     def backend(gm: fx.GraphModule, example_inputs: list) -> Callable[..., object]:
@@ -37,20 +50,27 @@ def stitching_backend(modules: dict[str, nn.Module], used: list[str] | None = No
                 key = region_key(region) if region is not None else None
             except CodegenError:
                 key = None
-            if key not in modules:
+            replacement = replacements.get(key)
+            is_module = isinstance(replacement, nn.Module)
+            if replacement is None or not (is_module or _tensor_inputs(region.inputs)):
                 copy_segment(graph, segment, env)
                 return
-            name = f"kiln_site_{len(installed)}"
-            installed[name] = modules[key]
             if used is not None:
                 used.append(key)
-            call = graph.call_module(name, tuple(env[n] for n in region.inputs))
-            if len(region.outputs) == 1:
-                env[region.outputs[0]] = call
+            inputs = [env[n] for n in region.inputs]
+            if is_module:
+                name = f"kiln_site_{len(installed)}"
+                installed[name] = replacement
+                call = graph.call_module(name, tuple(inputs))
+                if len(region.outputs) == 1:
+                    env[region.outputs[0]] = call
+                    return
             else:
-                for i, node in enumerate(region.outputs):
-                    env[node] = graph.call_function(operator.getitem, (call, i))
+                call = graph.call_function(replacement, (inputs,))
+            for i, node in enumerate(region.outputs):
+                env[node] = graph.call_function(operator.getitem, (call, i))
 
-        return rebuild(gm, segments(gm.graph, regions), emit, installed)
+        rebuilt = rebuild(gm, segments(gm.graph, regions), emit, installed)
+        return rebuilt if finish is None else finish(rebuilt, example_inputs)
 
     return backend

@@ -49,3 +49,31 @@ def arg_at(op: Op, index: int, default: object = None) -> object:
 def arg(op: Op, name: str, position: int, default: object = None) -> object:
     """An argument passed by keyword `name` or at `position`, else `default`."""
     return op.kwarg(name, arg_at(op, position, default))
+
+
+# Generated candidates carry this helper too. It views the output as rows × columns: adjacent
+# dims that every tensor walks as one are merged (size-1 dims dropped), the innermost merged
+# dim becomes the columns and the others stay row dims, so a kernel decomposes coordinates once
+# per row and walks each tensor along a row with a single stride.
+ROWS_AND_COLUMNS_HELPER = '''def _rows_and_columns(shape, strides, row_dims):
+    """The row dims' sizes (`row_dims` of them, padded with size 1 on the inside), the column
+    count, each tensor's strides over the row dims then along the columns, and whether an
+    offset can pass 32 bits."""
+    dims = []
+    for d, size in enumerate(shape):
+        if size == 1:
+            continue
+        walk = [s[d] for s in strides]
+        if dims and all(outer == inner * size for outer, inner in zip(dims[-1][1], walk)):
+            dims[-1] = (dims[-1][0] * size, walk)
+        else:
+            dims.append((size, walk))
+    n_cols, col_strides = dims.pop() if dims else (1, [0] * len(strides))
+    dims += [(1, [0] * len(strides))] * (row_dims - len(dims))
+    per_tensor = [[walk[t] for _, walk in dims] + [col_strides[t]] for t in range(len(strides))]
+    numel = 1
+    for size in shape:
+        numel *= size
+    reach = max([numel] + [1 + sum((n - 1) * s for n, s in zip(shape, st)) for st in strides])
+    return [size for size, _ in dims], n_cols, per_tensor, reach >= 2**31
+'''

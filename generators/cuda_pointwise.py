@@ -3,9 +3,13 @@
 Two kernels share the chain. `pointwise_vector` moves VEC consecutive elements per thread with
 one 16-byte load or store per tensor (VEC = 16 bytes over the widest element), for calls where
 every input is contiguous with the output's shape, 16-byte aligned and the element count is a
-multiple of VEC. `pointwise_strided` reads every input through its strides (broadcasts are
-stride 0), from coordinates decomposed once per element, so it is right for any layout. The
-forward picks one per call from the real tensors.
+multiple of VEC. `pointwise_rows` takes every other layout: the forward views the output as
+rows × columns (adjacent dims every tensor walks as one merged, the innermost merged dim the
+columns), and each thread decomposes its row's coordinates once per tile, in 32 bits when they
+fit and skipping size-1 dims, then reads every tensor along the row with one stride, up to 8
+columns per tile. A bias (N,) over (M, N) costs no division at all; a per-channel vector over
+(B, C, H, W) one per thread and tile. The forward picks one kernel per call from the real
+tensors.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from generators.codegen import BROADCAST_SHAPE_HELPER, indent, op_refs
+from generators.codegen import BROADCAST_SHAPE_HELPER, ROWS_AND_COLUMNS_HELPER, indent, op_refs
 from generators.cuda_expressions import (
     HELPERS,
     cuda_elementwise,
@@ -65,19 +69,67 @@ __global__ void pointwise_vector(
     }}
 }}
 
-// Any layout: each input read through its strides at the element's coordinates.
-__global__ void pointwise_strided(
+// The next coordinate of a row index, innermost first: 32-bit division when the values fit
+// (a 64-bit one costs several times more), none for a size-1 dim.
+__device__ __forceinline__ long long next_coordinate(long long& rest, long long size)
+{{
+    if (size == 1) {{
+        return 0;
+    }}
+    if ((((unsigned long long)rest | (unsigned long long)size) >> 32) == 0) {{
+        const unsigned int quotient = (unsigned int)rest / (unsigned int)size;
+        const long long coordinate = rest - (long long)quotient * size;
+        rest = quotient;
+        return coordinate;
+    }}
+    const long long quotient = rest / size;
+    const long long coordinate = rest - quotient * size;
+    rest = quotient;
+    return coordinate;
+}}
+
+// Any layout, as rows × columns: a block's threads form (blockDim.x >> col_shift) rows ×
+// (1 << col_shift) columns; each thread finds its row's offsets (and the values of inputs
+// constant along the row) once per tile, then walks up to `steps` columns (1 << col_shift)
+// apart. Tiles are dealt grid-stride with no division.
+__global__ void pointwise_rows(
 {pointer_params}
-    long long n_elements,
+    long long n_rows,
+    long long n_cols,
+    int col_shift,
+    int steps,
 {size_params}{stride_params})
 {{
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n_elements;
-         i += (long long)gridDim.x * blockDim.x) {{
-        long long rest = i;
+    const int tile_cols = 1 << col_shift;
+    const int tile_rows = blockDim.x >> col_shift;
+    const long long span = (long long)tile_cols * steps;
+    const long long col_tiles = (n_cols + span - 1) / span;
+    const long long row_tiles = (n_rows + tile_rows - 1) / tile_rows;
+    const long long row_step = gridDim.x / col_tiles;
+    const long long col_step = gridDim.x % col_tiles;
+    long long row_tile = blockIdx.x / col_tiles;
+    long long col_tile = blockIdx.x % col_tiles;
+    const int ty = threadIdx.x >> col_shift;
+    const int tx = threadIdx.x & (tile_cols - 1);
+    while (row_tile < row_tiles) {{
+        const long long row = row_tile * tile_rows + ty;
+        if (row < n_rows) {{
+            long long rest = row;
 {coordinates}
-{strided_loads}
-{strided_body}
-{strided_stores}
+{row_offsets}
+            const long long end = (col_tile + 1) * span < n_cols ? (col_tile + 1) * span : n_cols;
+            for (long long col = col_tile * span + tx; col < end; col += tile_cols) {{
+{rows_loads}
+{rows_body}
+{rows_stores}
+            }}
+        }}
+        row_tile += row_step;
+        col_tile += col_step;
+        if (col_tile >= col_tiles) {{
+            col_tile -= col_tiles;
+            ++row_tile;
+        }}
     }}
 }}
 """
@@ -89,11 +141,22 @@ BLOCKS_PER_SM = {blocks_per_sm}
 
 {broadcast_helper}
 
+{rows_helper}
+
+def _row_tiles(n_rows, n_cols):
+    """log2 of a tile's columns (a power of two up to THREADS), columns per thread and tile
+    (up to 8), and the number of tiles."""
+    col_shift = min(THREADS, 1 << (n_cols - 1).bit_length()).bit_length() - 1
+    steps = min(8, -(-n_cols // (1 << col_shift)))
+    tiles = -(-n_rows // (THREADS >> col_shift)) * -(-n_cols // ((1 << col_shift) * steps))
+    return col_shift, steps, tiles
+
+
 class ModelNew(nn.Module):
     def __init__(self):
         super().__init__()
         self.vector = load_kernel(SOURCE, "pointwise_vector", "{vector_types}")
-        self.strided = load_kernel(SOURCE, "pointwise_strided", "{strided_types}")
+        self.rows = load_kernel(SOURCE, "pointwise_rows", "{rows_types}")
 
     def forward(self, {params}):
 {aligned}        shape = _broadcast_shape([{shapes}])
@@ -108,14 +171,17 @@ class ModelNew(nn.Module):
             x.is_contiguous() and x.shape == shape and x.data_ptr() % 16 == 0
             for x in [{tensors}]
         )
-        work = n // VEC if vectorizable else n
-        blocks = max(1, min((work + THREADS - 1) // THREADS, sms * BLOCKS_PER_SM))
         if vectorizable:
+            blocks = max(1, min((n // VEC + THREADS - 1) // THREADS, sms * BLOCKS_PER_SM))
             self.vector(grid=(blocks, 1, 1), block=(THREADS, 1, 1),
-                        args=({pointer_args}, work))
+                        args=({pointer_args}, n // VEC))
         else:
-            self.strided(grid=(blocks, 1, 1), block=(THREADS, 1, 1),
-                         args=({pointer_args}, n, {size_args}{stride_args}))
+            sizes, n_cols, strides, _ = _rows_and_columns(shape, [{strides}], {row_dims})
+            col_shift, steps, tiles = _row_tiles(n // n_cols, n_cols)
+            blocks = max(1, min(tiles, sms * BLOCKS_PER_SM))
+            self.rows(grid=(blocks, 1, 1), block=(THREADS, 1, 1),
+                      args=({pointer_args}, n // n_cols, n_cols, col_shift, steps, *sizes,
+                            {stride_args}))
         return {returns}
 '''
 
@@ -146,6 +212,8 @@ def write_cuda_pointwise(graph: SiteGraph, config: CudaPointwiseConfig) -> str:
         raise Unsupported("outputs of different shapes")
     if config.vector_bytes not in (4, 8, 16):
         raise Unsupported(f"vector_bytes {config.vector_bytes}: loads are 4, 8 or 16 bytes")
+    if config.threads & (config.threads - 1):
+        raise Unsupported(f"{config.threads} threads: row tiles need a power of two")
     used = used_inputs(graph)
     if not used:
         raise Unsupported("the site reads no tensor")
@@ -163,9 +231,10 @@ def write_cuda_pointwise(graph: SiteGraph, config: CudaPointwiseConfig) -> str:
         return _RAW[width], storage_type(dtype)
 
     vector_loads, vector_outs, vector_stores = [], [], []
-    strided_loads, strided_stores = [], []
+    row_offsets, rows_loads, rows_stores = [], [], []
     vector_value: dict[Ref, str] = {}
-    strided_value: dict[Ref, str] = {}
+    rows_value: dict[Ref, str] = {}
+    row_dims = max(rank - 1, 1)
     vector_inputs = []
     for index in used:
         dtype = graph.inputs[index].dtype
@@ -176,12 +245,19 @@ def write_cuda_pointwise(graph: SiteGraph, config: CudaPointwiseConfig) -> str:
         ]
         vector_inputs.append(f"const float x{index} = {load_as_float(dtype, f'e{index}[j]')};")
         vector_value[Ref(index, True)] = f"x{index}"
-        offset = " + ".join(f"c{d} * in{index}_s{d}" for d in range(rank))
-        strided_loads.append(
-            f"const float x{index} = {load_as_float(dtype, f'in{index}[{offset}]')};")
-        strided_value[Ref(index, True)] = f"x{index}"
+        # An input constant along the row (a per-channel parameter) is loaded once per row.
+        row_offsets += [
+            f"const long long in{index}_row = "
+            + " + ".join(f"r{d} * in{index}_r{d}" for d in range(row_dims)) + ";",
+            f"const float in{index}_once = in{index}_c == 0 ? "
+            f"{load_as_float(dtype, f'in{index}[in{index}_row]')} : 0.0f;",
+        ]
+        element_at = f"in{index}[in{index}_row + col * in{index}_c]"
+        rows_loads.append(f"const float x{index} = in{index}_c == 0 ? in{index}_once : "
+                          f"{load_as_float(dtype, element_at)};")
+        rows_value[Ref(index, True)] = f"x{index}"
     vector_body = vector_inputs + chain(graph, vector_value)
-    strided_body = chain(graph, strided_value)
+    rows_body = chain(graph, rows_value)
     for k, ref in enumerate(graph.outputs):
         dtype = graph.info(ref).dtype
         raw, element = vector_pointer(dtype)
@@ -189,22 +265,22 @@ def write_cuda_pointwise(graph: SiteGraph, config: CudaPointwiseConfig) -> str:
         vector_body.append(f"o{k}[j] = {store_from_float(dtype, vector_value[ref])};")
         vector_stores.append(
             f"reinterpret_cast<{raw}*>(out{k})[i] = *reinterpret_cast<const {raw}*>(o{k});")
-        strided_stores.append(f"out{k}[i] = {store_from_float(dtype, strided_value[ref])};")
-    coordinates = []
-    for d in range(rank - 1, 0, -1):
-        coordinates += [f"const long long c{d} = rest % size{d};", f"rest /= size{d};"]
-    coordinates.append("const long long c0 = rest;")
+        rows_stores.append(
+            f"out{k}[row * n_cols + col] = {store_from_float(dtype, rows_value[ref])};")
+    coordinates = [f"const long long r{d} = next_coordinate(rest, size{d});"
+                   for d in range(row_dims - 1, 0, -1)] + ["const long long r0 = rest;"]
 
     pointer_params = (
         [f"const {storage_type(graph.inputs[i].dtype)}* __restrict__ in{i}," for i in used]
         + [f"{storage_type(graph.info(r).dtype)}* __restrict__ out{k},"
            for k, r in enumerate(graph.outputs)])
     n_pointers = len(pointer_params)
-    n_sizes, n_strides = rank - 1, rank * len(used)
+    n_sizes, n_strides = row_dims, (row_dims + 1) * len(used)
     tensors = [f"x{i}" for i in used]
     outs = [f"out{k}" for k in range(len(graph.outputs))]
     return _SOURCE.format(
         broadcast_helper=BROADCAST_SHAPE_HELPER,
+        rows_helper=ROWS_AND_COLUMNS_HELPER,
         ops=" → ".join(op.name for op in graph.ops),
         config=config.describe(),
         helpers=HELPERS,
@@ -214,16 +290,19 @@ def write_cuda_pointwise(graph: SiteGraph, config: CudaPointwiseConfig) -> str:
         vec=vec,
         vector_body=indent(vector_body, 12),
         vector_stores=indent(vector_stores, 8),
-        size_params="".join(f"    long long size{d},\n" for d in range(1, rank)),
-        stride_params=",\n".join(f"    long long in{i}_s{d}" for i in used for d in range(rank)),
-        coordinates=indent(coordinates, 8),
-        strided_loads=indent(strided_loads, 8),
-        strided_body=indent(strided_body, 8),
-        strided_stores=indent(strided_stores, 8),
+        size_params="".join(f"    long long size{d},\n" for d in range(row_dims)),
+        stride_params=",\n".join(
+            "    " + ", ".join([f"long long in{i}_r{d}" for d in range(row_dims)]
+                           + [f"long long in{i}_c"]) for i in used),
+        coordinates=indent(coordinates, 12),
+        row_offsets=indent(row_offsets, 12),
+        rows_loads=indent(rows_loads, 16),
+        rows_body=indent(rows_body, 16),
+        rows_stores=indent(rows_stores, 16),
         threads=config.threads,
         blocks_per_sm=config.blocks_per_sm,
         vector_types="P" * n_pointers + "q",
-        strided_types="P" * n_pointers + "q" * (1 + n_sizes + n_strides),
+        rows_types="P" * n_pointers + "qqii" + "q" * (n_sizes + n_strides),
         params=", ".join(f"in{i}" for i in range(len(graph.inputs))),
         aligned="".join(f"        x{i} = in{i}.reshape([1, -1] + [1] * ({rank} - 2))\n"
                         for i in sorted(aligned)),
@@ -235,7 +314,8 @@ def write_cuda_pointwise(graph: SiteGraph, config: CudaPointwiseConfig) -> str:
                         f"dtype={graph.info(r).dtype})" for k, r in enumerate(graph.outputs)], 8),
         tensors=", ".join(tensors),
         pointer_args=", ".join(tensors + outs),
-        size_args="".join(f"shape[{d}], " for d in range(1, rank)),
-        stride_args="".join(f"*x{i}.stride(), " for i in used),
+        strides=", ".join(f"{x}.stride()" for x in tensors),
+        row_dims=row_dims,
+        stride_args=", ".join(f"*strides[{t}]" for t in range(len(used))),
         returns=", ".join(outs),
     )

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from core.roofline import GpuPeaks
 from generators.base import Feedback, Parent, Proposal, Proposals, source_digest
-from generators.llm_client import ChatClient, EndpointError, LlmCall, LlmConfig, RequestRejected
+from generators.llm_client import ChatClient, EndpointError, RequestRejected
+from generators.llm_config import LlmCall, LlmConfig
 from generators.llm_prompt import (
     TARGETS,
     TIER_NAMES,

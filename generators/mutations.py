@@ -24,6 +24,11 @@ LADDERS: dict[str, tuple[int, ...]] = {
     "rows_per_block": (1, 2, 4, 8),
     "block_r": (4, 8, 16, 32, 64),
     "block_i": (32, 64, 128, 256, 512, 1024),
+    "rows": (1, 2, 4, 8, 16),
+    "persistent": (False, True),
+    "programs_per_sm": (1, 2, 4, 8),
+    "split": (1, 2, 4, 8, 16, 32, 64),
+    "tile": (1024, 2048, 4096, 8192, 16384),
 }
 WHY_UP: dict[str, str] = {
     "block": "more elements per program, fewer programs to schedule",
@@ -39,6 +44,12 @@ WHY_UP: dict[str, str] = {
     "rows_per_block": "several rows per block amortize launch and reduction overhead",
     "block_r": "more reduced rows per step, fewer loop iterations",
     "block_i": "wider column tiles, longer coalesced loads",
+    "rows": "more rows per program share one launch and reduce together",
+    "persistent": "a few programs per SM loop over the rows, loading one block while the "
+                  "previous one is stored",
+    "programs_per_sm": "more programs per SM to hide memory latency",
+    "split": "more programs share each column's reduced rows, more of them in flight",
+    "tile": "larger register tiles: more of the reduced dimension read in one step",
 }
 WHY_DOWN: dict[str, str] = {
     "block": "smaller blocks, more programs to fill every SM",
@@ -54,6 +65,11 @@ WHY_DOWN: dict[str, str] = {
     "rows_per_block": "fewer rows per block, more blocks",
     "block_r": "fewer reduced rows per step, fewer registers",
     "block_i": "narrower column tiles, more programs",
+    "rows": "fewer rows per program, fewer registers and more programs",
+    "persistent": "one program per block of rows, scheduled by the hardware",
+    "programs_per_sm": "fewer programs per SM, each looping over more of the work",
+    "split": "fewer partial results to write and fold",
+    "tile": "smaller register tiles, fewer registers per program and more programs per SM",
 }
 
 

@@ -8,7 +8,7 @@ already proposed for the site are skipped, so every child is distinct.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -18,9 +18,20 @@ from generators.base import Parent, Proposal, Proposals, source_digest
 from generators.cuda_pointwise import CudaPointwiseConfig, write_cuda_pointwise
 from generators.cuda_reduction import CudaReductionConfig, write_cuda_reduction
 from generators.mutations import neighbours
-from generators.site_graph import SiteGraph, Unsupported, load_site_graph
+from generators.site_graph import Ref, SiteGraph, Unsupported, load_site_graph
+from generators.triton_batch_norm import BatchNormConfig, write_batch_norm
 from generators.triton_conv import write_conv_epilogue
-from generators.triton_dim_reduction import DimConfig, write_dim_reduction
+from generators.triton_dim_reduction import (
+    AUTO_SPLIT,
+    FOLDS,
+    H200_SMS,
+    DimConfig,
+    folded_dim,
+    split_for,
+    write_dim_reduction,
+)
+from generators.triton_dim_softmax import SOFTMAXES, DimSoftmaxConfig, write_dim_softmax
+from generators.triton_group_norm import GroupNormConfig, write_group_norm
 from generators.triton_matmul import MatmulConfig, write_triton_matmul
 from generators.triton_pointwise import PointwiseConfig, write_pointwise
 from generators.triton_reduction import RowConfig, write_row_reduction
@@ -44,17 +55,60 @@ class Writer:
 
 def _pointwise_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
     numel = graph.info(graph.outputs[0]).numel
-    drafts = [(PointwiseConfig(), "one pass, BLOCK 1024 elements per program")]
+    drafts = [(PointwiseConfig(), "one pass in tiles of 1024 elements over the output's rows × "
+                                  "columns, broadcast inputs read per column or once per row")]
     if numel >= 1 << 22:
         drafts.append((PointwiseConfig(block=4096, num_warps=8),
                        "large tensor: BLOCK 4096 with 8 warps keeps more bytes in flight"))
     return drafts
 
 
+def _conv_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
+    conv = graph.ops[0].out if graph.ops else graph.info(graph.outputs[0])
+    plane = conv.numel // max(1, conv.shape[0] * conv.shape[1]) if len(conv.shape) > 2 else 1
+    drafts = [(PointwiseConfig(), f"epilogue in channel rows of {plane}: per-channel "
+                                  "parameters loaded once per row, 1024-element tiles")]
+    if conv.numel >= 1 << 22:
+        drafts.append((PointwiseConfig(block=4096, num_warps=8),
+                       f"large output: 4096-element tiles over channel rows of {plane}, "
+                       "8 warps, more bytes in flight"))
+    return drafts
+
+
 def _row_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
-    row = max(graph.info(r).shape[-1] if graph.info(r).shape else 1 for r in graph.outputs)
+    # The row is the last dimension of the largest input (an output may be the reduced one).
+    largest = max(graph.inputs, key=lambda info: info.numel)
+    row = largest.shape[-1] if largest.shape else 1
     warps = 4 if row <= 2048 else 8 if row <= 8192 else 16
-    return [(RowConfig(num_warps=warps), f"one row of {row} per program, {warps} warps")]
+    drafts: list[tuple[object, str]] = [
+        (RowConfig(num_warps=warps), f"one row of {row} per program, {warps} warps")]
+    if row <= 1024:
+        rows = min(16, max(4, 4096 // max(row, 1)))
+        drafts.append((RowConfig(num_warps=4, rows=rows),
+                       f"short rows of {row}: {rows} rows per program amortize the launch"))
+    else:
+        drafts.append((RowConfig(num_warps=warps, persistent=True),
+                       f"long rows of {row}: 4 persistent programs per SM, {warps} warps, "
+                       "the next row's loads in flight while the last is stored"))
+    return drafts
+
+
+def _group_norm_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
+    drafts: list[tuple[object, str]] = [
+        (GroupNormConfig(), "one program per (sample, group), 2048-element tiles, 4 warps")]
+    if max(info.numel for info in graph.inputs) >= 1 << 22:
+        drafts.append((GroupNormConfig(block=4096, num_warps=8),
+                       "large groups: 4096-element tiles with 8 warps keep more bytes in flight"))
+    return drafts
+
+
+def _batch_norm_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
+    drafts: list[tuple[object, str]] = [
+        (BatchNormConfig(), "channels split over about 4 programs per SM, 1024-element tiles")]
+    if max(info.numel for info in graph.inputs) >= 1 << 22:
+        drafts.append((BatchNormConfig(block=2048, num_warps=8),
+                       "large batch: 2048-element tiles with 8 warps keep more bytes in flight"))
+    return drafts
 
 
 def _matmul_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
@@ -69,10 +123,60 @@ def _matmul_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
     return drafts
 
 
+def _folded(graph: SiteGraph, names: Collection[str]) -> tuple[tuple[int, ...], int] | None:
+    """The input shape and dimension of the site's one op named in `names`, when that op
+    folds a dimension other than the last; None otherwise (the writer will say why)."""
+    found = [op for op in graph.ops if op.name in names]
+    if len(found) != 1 or not isinstance(found[0].args[0], Ref):
+        return None
+    shape = graph.info(found[0].args[0]).shape
+    try:
+        return shape, folded_dim(found[0], len(shape))
+    except Unsupported:
+        return None
+
+
 def _dim_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
-    return [(DimConfig(), "16 reduced rows × 128 inner columns per step, coalesced on the inner"),
-            (DimConfig(block_r=32, block_i=256, num_warps=8),
-             "larger tiles: more bytes in flight per program")]
+    drafts: list[tuple[object, str]] = []
+    if (folded := _folded(graph, FOLDS)) is not None:
+        shape, dim = folded
+        split = split_for(shape, dim, DimConfig(split=AUTO_SPLIT))
+        drafts.append((DimConfig(split=AUTO_SPLIT),
+                       f"the {shape[dim]} reduced rows split {split} ways (on {H200_SMS} SMs) "
+                       "for about 4 programs per SM, fp32 partials folded in order"))
+    return drafts + [
+        (DimConfig(), "16 reduced rows × 128 inner columns per step, coalesced on the inner, "
+                      "one program per column tile"),
+        (DimConfig(block_r=32, block_i=256, num_warps=8, split=AUTO_SPLIT),
+         "larger tiles: more bytes in flight per program, reduced rows split for about 4 "
+         "programs per SM")]
+
+
+def _dim_softmax_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
+    folded = _folded(graph, SOFTMAXES)
+    reduced = folded[0][folded[1]] if folded is not None else 1
+    rows = 1 << max(reduced - 1, 0).bit_length()  # BLOCK_R when the extent fits one tile
+    drafts: list[tuple[object, str]] = [(
+        DimSoftmaxConfig(),
+        f"{reduced} reduced rows in one tile of up to 8192 (one read, one write)"
+        if rows * 32 <= 8192 else
+        f"{reduced} reduced rows: online max and sum over tiles of 8192, then a write pass")]
+    # Up to 16384-element tiles at 16 warps keep 32 fp32 values per thread per live tile.
+    if rows * 32 > 8192 and rows * 32 <= 16384:
+        drafts.append((DimSoftmaxConfig(tile=16384, num_warps=16),
+                       f"{reduced} reduced rows × 32 columns in one 16384-element tile, 16 warps: "
+                       "one read instead of two"))
+    if rows * 64 <= 16384:
+        tile = max(8192, rows * 64)
+        warps = 16 if tile > 8192 else 8
+        drafts.append((DimSoftmaxConfig(block_i=64, tile=tile, num_warps=warps),
+                       f"64 inner columns per program (256-byte fp32 runs), {reduced} reduced "
+                       f"rows in one tile of {tile}, {warps} warps"))
+    else:
+        drafts.append((DimSoftmaxConfig(tile=4096, num_warps=4),
+                       f"{reduced} reduced rows: online softmax over smaller 4096-element tiles, "
+                       "4 warps, more programs per SM"))
+    return drafts
 
 
 def _cuda_pointwise_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
@@ -92,8 +196,11 @@ WRITERS = (
     Writer("pointwise", "triton", write_pointwise, PointwiseConfig, _pointwise_drafts),
     Writer("reduction", "triton", write_row_reduction, RowConfig, _row_drafts),
     Writer("reduction", "triton", write_dim_reduction, DimConfig, _dim_drafts),
+    Writer("reduction", "triton", write_dim_softmax, DimSoftmaxConfig, _dim_softmax_drafts),
+    Writer("reduction", "triton", write_group_norm, GroupNormConfig, _group_norm_drafts),
+    Writer("reduction", "triton", write_batch_norm, BatchNormConfig, _batch_norm_drafts),
     Writer("matmul", "triton", write_triton_matmul, MatmulConfig, _matmul_drafts),
-    Writer("conv", "triton", write_conv_epilogue, PointwiseConfig, _pointwise_drafts),
+    Writer("conv", "triton", write_conv_epilogue, PointwiseConfig, _conv_drafts),
     Writer("pointwise", "cuda", write_cuda_pointwise, CudaPointwiseConfig,
            _cuda_pointwise_drafts),
     Writer("reduction", "cuda", write_cuda_reduction, CudaReductionConfig, _cuda_row_drafts),
@@ -147,14 +254,14 @@ class RulesGenerator:
             # CUDA tier): this tier's drafts, which the search hangs under that parent.
             candidates = [(w, s, why) for w in writers for s, why in w.drafts(graph)]
         children: list[Proposal] = []
-        reasons: list[str] = []
+        reasons: dict[str, None] = {}  # each writer's reason once, in the writers' order
         for writer, settings, why in candidates:
             if len(children) == n:
                 break
             try:
                 source = writer.write(graph, settings)
             except Unsupported as reason:
-                reasons.append(str(reason))
+                reasons[str(reason)] = None
                 continue
             digest = source_digest(source)
             if digest in seen:
@@ -162,6 +269,6 @@ class RulesGenerator:
             seen.add(digest)
             children.append(Proposal(source, writer.tier, self.name, why,
                                      {"writer": writer.write.__name__, **asdict(settings)}))
-        declined = "" if children else (reasons[0] if reasons else "every child was a duplicate")
+        declined = "" if children else ("; ".join(reasons) or "every child was a duplicate")
         return Proposals(children, declined)
 

@@ -6,6 +6,15 @@ activations, scaling, residual adds) becomes one pointwise kernel over the conv'
 written by the pointwise generator from an epilogue graph that takes the conv output as its
 first input. The bias is one more broadcast input, viewed as [1, C, 1, ...] so it lines up
 with the channels.
+
+The pass runs in channel rows: the pointwise kernel views the output as rows × columns from the
+real layouts, and for a contiguous NCHW conv output with per-channel (bias, batch-norm) and
+full-shape (residual) inputs that view is one row per (image, channel) of H·W contiguous
+elements. Each program takes a tile of such rows (several rows when the maps are small, part of
+a row when they are large), loads every per-channel parameter once per row and reads the rest
+linearly. Any other layout (a channels-last conv output, an input broadcast over the spatial
+dims) gets the split its strides allow, down to the general strided walk, so every layout stays
+right. The tile's size and warps are the `PointwiseConfig` knobs, which mutations move.
 """
 
 from __future__ import annotations

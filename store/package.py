@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from dataclasses import asdict
 from pathlib import Path
 
-import torch
-
 from core.errors import KilnInputError
+from core.install import SiteKernel
 from store.reader import StoreReader
 
 PACKAGE = "kiln_kernels"
@@ -22,23 +22,14 @@ FILES = Path(__file__).resolve().parent / "package_files"
 CORE = Path(__file__).resolve().parents[1] / "core"
 # The modules that cut a graph into sites and call replacements in their place, and the CUDA
 # runtime tier-2 kernels import.
-VENDORED = ("ops", "partition", "site_problem", "capture", "stitch", "cuda_runtime")
+VENDORED = ("ops", "partition", "site_problem", "capture", "stitch", "cuda_runtime", "install",
+            "problem_loader", "errors")
 _CORE_IMPORT = re.compile(r"^(from )core\.(\w+)( import )", re.MULTILINE)
 
 
 def _vendor(source: str) -> str:
     """Point `from core.x import ...` at the package's own copy."""
     return _CORE_IMPORT.sub(rf"\1{PACKAGE}._kiln.\2\3", source)
-
-
-def proven_inputs(problem_source: str) -> list[dict[str, object]]:
-    """The inputs a site's kernels were proven on: the problem's shapes, strides and dtypes."""
-    namespace: dict[str, object] = {}
-    exec(compile(problem_source, "<site problem>", "exec"), namespace)
-    with torch.device("meta"):
-        inputs = namespace["get_inputs"]()
-    return [{"shape": list(t.shape), "stride": list(t.stride()), "dtype": str(t.dtype)}
-            for t in inputs]
 
 
 def _readme(run: object, sites: list[dict[str, object]]) -> str:
@@ -74,7 +65,10 @@ def export_package(store: StoreReader, out: Path, run_id: int | None = None,
     by more than `min_speedup`."""
     run_id = store.latest_run_id() if run_id is None else run_id
     run = store.run(run_id)
-    winners = [w for w in store.best(run_id) if (w.speedup or 0.0) > min_speedup]
+    # Kernels the end-to-end check took out (wrong or slower in the whole model) stay out.
+    removed = set((run.e2e or {}).get("removed", {}))
+    winners = [w for w in store.best(run_id)
+               if (w.speedup or 0.0) > min_speedup and w.site_key not in removed]
     if not winners:
         raise KilnInputError(
             f"run {run_id} has no accepted kernel faster than PyTorch by more than "
@@ -107,7 +101,8 @@ def export_package(store: StoreReader, out: Path, run_id: int | None = None,
                           "tier": winner.tier, "generator": winner.generator,
                           "candidate_id": winner.id, "latency_ms": winner.latency_ms,
                           "speedup": winner.speedup,
-                          "proven": proven_inputs(site.problem_source)})
+                          "proven": [asdict(p) for p in SiteKernel(
+                              site.key, "", site.problem_source).proven()]})
         (root / "sites.json").write_text(json.dumps(sites, indent=2))
         (root / "README.md").write_text(_readme(run, sites))
     except OSError as err:

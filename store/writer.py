@@ -182,6 +182,17 @@ class Store(StoreReader):
             self._touch(run_id)
             return self._insert("sites", row)
 
+    def set_site_baselines(self, site_id: int, *, eager_ms: float | None,
+                           compile_ms: float | None) -> None:
+        """The site's own times in PyTorch, eager and under torch.compile, once measured."""
+        run_id = self.db.execute("SELECT run_id FROM sites WHERE id = ?", [site_id]).fetchone()
+        if run_id is None:
+            raise ValueError(f"there is no site {site_id}")
+        with write_transaction(self.db):
+            self._touch(run_id[0])
+            self.db.execute("UPDATE sites SET eager_ms = ?, compile_ms = ? WHERE id = ?",
+                            [eager_ms, compile_ms, site_id])
+
     def add_candidate(
         self,
         site_id: int,

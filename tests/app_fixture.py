@@ -113,6 +113,15 @@ def _judge(
     ]
 
 
+def wrong_on_purpose(draft: Proposal) -> Proposal:
+    """A draft whose answer is off by half: the store needs a rejected kernel to show."""
+    source = draft.source + (
+        "\n\nclass ModelNew(ModelNew):\n"
+        "    def forward(self, *args):\n"
+        "        return super().forward(*args) * 1.5\n")
+    return Proposal(source, draft.tier, draft.generator, "output scaled by 1.5", {})
+
+
 def fill_app_store(folder: Path) -> AppStore:
     """Profile the small block, then draft, refine and judge kernels for each of its sites."""
     model = folder / "mlp_block_small.py"
@@ -144,10 +153,11 @@ def fill_app_store(folder: Path) -> AppStore:
         drafts = [
             (site_id, problem, proposal, None)
             for site_id, (problem, _) in problems.items()
-            for proposal in generator.propose(
-                problem, None, DRAFTS_PER_SITE, tiers=("triton", "cuda")
-            ).children
+            for tier, count in (("triton", DRAFTS_PER_SITE), ("cuda", 1))
+            for proposal in generator.propose(problem, None, count, tiers=(tier,)).children
         ]
+        site_id, problem, draft, _ = drafts[0]
+        drafts.append((site_id, problem, wrong_on_purpose(draft), None))
         first = _judge(store, evaluator, drafts)
         children = []
         for site_id, (problem, floor_ms) in problems.items():

@@ -92,6 +92,42 @@ def test_candidates_pass_the_evaluator(tmp_path):
     assert verdict.library_ops == ["aten.convolution"] and verdict.kernel_launches == 1
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_channel_rows_with_bias_batch_norm_and_residual_are_accepted(dtype, tmp_path):
+    # Odd sizes: 5×7 maps, 6 channels; per-channel bias and batch norm, a full-shape residual.
+    path = write_problem(
+        tmp_path / "problem.py", "torch.nn.functional.conv2d(x, w, cb, 1, 1)",
+        [BN, "v + r", "torch.nn.functional.gelu(v)"],
+        {"x": "3, 4, 5, 7", "w": "6, 4, 3, 3", "cb": "6", "mean": "6", "var": "6", "g": "6",
+         "b": "6", "r": "3, 6, 5, 7"}, dtype)
+    source = write_conv_epilogue(load_site_graph(path), PointwiseConfig(block=32))
+    verdict = evaluate(path, source, EvalConfig(device="cpu", time=False))
+    assert verdict.accepted, f"{dtype}: {verdict.reason}\n{source}"
+
+
+@pytest.mark.parametrize("draw,epilogue,extra", [
+    # A channels-last input makes a channels-last conv output: no channel rows to walk.
+    ("torch.randn(2, 3, 6, 5).to(memory_format=torch.channels_last)", ["torch.relu(v)"], {}),
+    # An input broadcast over the spatial dims is neither per-channel nor full-shape.
+    ("torch.randn(2, 3, 6, 5)", ["v * m", "torch.sigmoid(v)"], {"m": "6, 5"}),
+    # A residual that is a transposed view.
+    ("torch.randn(2, 3, 6, 5)", ["v + r"], {"r": "2, 4, 5, 6"}),
+])
+def test_other_layouts_take_the_general_split(draw, epilogue, extra, tmp_path):
+    path = write_problem(tmp_path / "problem.py", "torch.nn.functional.conv2d(x, w, cb, 1, 1)",
+                         epilogue, {"x": "2, 3, 6, 5", "w": "4, 3, 3, 3", "cb": "4", **extra},
+                         torch.float32)
+    text = path.read_text().replace("torch.randn(2, 3, 6, 5).to(torch.float32)", draw)
+    path.write_text(text.replace("torch.randn(2, 4, 5, 6).to(torch.float32)",
+                                 "torch.randn(2, 4, 5, 6).transpose(2, 3)"))
+    inputs = import_problem(path).get_inputs()
+    assert draw.endswith("channels_last)") != inputs[0].is_contiguous()
+    check(path, PointwiseConfig(block=16, num_warps=2))
+    verdict = evaluate(path, write_conv_epilogue(load_site_graph(path), PointwiseConfig(64)),
+                       EvalConfig(device="cpu", time=False))
+    assert verdict.accepted, verdict.reason
+
+
 def test_a_bare_conv_leaves_nothing_to_fuse(tmp_path):
     path = write_problem(tmp_path / "problem.py", "torch.nn.functional.conv2d(x, w)", ["v"],
                          {"x": "1, 2, 5, 5", "w": "3, 2, 3, 3"}, torch.float32)

@@ -244,10 +244,15 @@ def test_generated_candidates_are_accepted_on_a_gpu(tmp_path, family, name, dtyp
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shapes,layouts", [
-    ([(6, 5), (6, 5)], "torch.randn(5, 6).t(), torch.randn(6, 5)"),  # strided: scalar kernel
-    ([(1037,), (1037,)], "torch.randn(1037), torch.randn(1037)"),  # odd count: scalar kernel
-    ([(64, 256), (256,)], "torch.randn(64, 256), torch.randn(256)"),  # broadcast: scalar
+    ([(6, 5), (6, 5)], "torch.randn(5, 6).t(), torch.randn(6, 5)"),  # strided: row kernel
+    ([(1037,), (1037,)], "torch.randn(1037), torch.randn(1037)"),  # odd count: row kernel
+    ([(64, 256), (256,)], "torch.randn(64, 256), torch.randn(256)"),  # row bias
     ([(64, 256), (64, 256)], "torch.randn(64, 256), torch.randn(64, 256)"),  # vector kernel
+    ([(64, 999), (64, 1)], "torch.randn(64, 999), torch.randn(64, 1)"),  # one value per row
+    ([(3, 6, 7, 9), (6, 1, 1)], "torch.randn(3, 6, 7, 9), torch.randn(6, 1, 1)"),  # channel
+    ([(33, 7), (1, 1)], "torch.randn(33, 7), torch.randn(1, 1)"),  # scalar-like, short rows
+    ([(300, 5), (5,)], "torch.randn(5, 300).t(), torch.randn(5)"),  # transposed with a bias
+    ([(3, 9000), (9000,)], "torch.randn(3, 9000), torch.randn(9000)"),  # rows of many tiles
 ])
 def test_both_pointwise_kernels_are_right_on_a_gpu(tmp_path, shapes, layouts):
     if not torch.cuda.is_available():

@@ -10,7 +10,7 @@ import pytest
 from core.roofline import GpuPeaks
 from generators.base import Feedback, Parent, Proposal
 from generators.llm import LLMGenerator
-from generators.llm_client import LlmConfig
+from generators.llm_config import LlmConfig
 from generators.llm_prompt import describe_feedback, gpu_facts
 from tests.llm_server import LlmServer, Reply, prompt_text
 

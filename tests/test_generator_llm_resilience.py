@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 from generators.llm import LLMGenerator
-from generators.llm_client import LlmCall, LlmConfig
+from generators.llm_config import LlmCall, LlmConfig
 from tests.llm_server import LlmServer, Reply, closed_port_url, contains
 
 DATA = Path(__file__).parent / "data" / "evaluate"

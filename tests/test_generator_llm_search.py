@@ -13,7 +13,7 @@ from core.progress import Progress
 from core.run import OptimizeConfig, OptimizeRun
 from core.search import SearchConfig, SiteSearch
 from generators.base import Feedback, Parent, Proposal, Proposals
-from generators.llm_client import LlmConfig
+from generators.llm_config import LlmConfig
 from tests.llm_server import LlmServer, Reply, closed_port_url, contains, prompt_text
 from tests.test_list_sites_cli import run_cli
 
@@ -39,6 +39,7 @@ def optimize(tmp_path: Path, generators: tuple[str, ...], base_url: str,
     config = OptimizeConfig(
         profile=profile, db=tmp_path / "kiln.db", max_candidates=max_candidates, sites=1,
         tiers=("triton",), workers=1, search=SearchConfig(), generators=generators,
+        site_compile=False, e2e=False,
         llm=LlmConfig(base_url=base_url, api_key="test", model="gpt-4o-mini", timeout_s=10,
                       backoff_s=0.01, concurrency=1))
     return OptimizeRun(config, Progress(enabled=False)).execute()

@@ -7,6 +7,7 @@ import random
 import pytest
 import torch
 
+from core.evaluate import EvalConfig, evaluate
 from generators.site_graph import Unsupported, load_site_graph
 from generators.triton_pointwise import PointwiseConfig, write_pointwise
 from tests.kernel_checks import assert_matches
@@ -80,16 +81,123 @@ def test_random_chains_match_pytorch(seed, dtype, tmp_path):
     check(path, pointwise(rng.choice([32, 64, 128])))
 
 
-def test_strided_inputs_take_the_strided_path(tmp_path):
+def layout_problem(params: str, body: str, draws: list[str], dtype: torch.dtype) -> str:
+    """`draws` are float32 expressions; a trailing `.t()` is applied after the dtype cast so
+    the input stays transposed."""
+    cast = [f"{d[:-4]}.to({dtype}).t()" if d.endswith(".t()") else f"{d}.to({dtype})"
+            for d in draws]
+    return ("import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
+            f"    def forward(self, {params}):\n        return {body}\n\n\n"
+            f"def get_inputs():\n    return [{', '.join(cast)}]\n\n\n"
+            "def get_init_inputs():\n    return []\n")
+
+
+# Broadcast and stride patterns the rows × columns view must get right, at odd sizes.
+LAYOUTS = {
+    "row bias": ("x, b", "torch.nn.functional.gelu(x + b)",
+                 ["torch.randn(7, 45)", "torch.randn(45)"]),
+    "column scale": ("x, s", "torch.sigmoid(x) * s", ["torch.randn(9, 33)", "torch.randn(9, 1)"]),
+    "channel": ("x, c", "torch.relu(x * c + x)",
+                ["torch.randn(2, 5, 7, 3)", "torch.randn(1, 5, 1, 1)"]),
+    "channel of a 3-d tensor": ("x, c", "x - c", ["torch.randn(3, 6, 11)", "torch.randn(6, 1)"]),
+    "scalar-like": ("x, s", "torch.tanh(x - s)", ["torch.randn(13, 11)", "torch.randn(1, 1)"]),
+    "transposed": ("x, y", "torch.relu(x) * y", ["torch.randn(37, 6).t()", "torch.randn(6, 37)"]),
+    "transposed with a row bias": ("x, b", "torch.nn.functional.silu(x) + b",
+                                   ["torch.randn(29, 5).t()", "torch.randn(29)"]),
+    "outer product": ("a, b", "a * b", ["torch.randn(17, 1)", "torch.randn(1, 23)"]),
+}
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_broadcast_and_strided_layouts_are_accepted(layout, dtype, tmp_path):
     path = tmp_path / "problem.py"
-    path.write_text(
-        "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
-        "    def forward(self, in0, in1):\n        return torch.relu(in0) * in1\n\n\n"
-        "def get_inputs():\n    return [torch.randn(6, 5), torch.randn(6, 5)]\n\n\n"
-        "def get_init_inputs():\n    return []\n")
-    transposed = torch.randn(5, 6).t()
-    check(path, pointwise(16), inputs=[transposed, torch.randn(6, 5)])
+    path.write_text(layout_problem(*LAYOUTS[layout], dtype))
+    source = write_pointwise(load_site_graph(path), PointwiseConfig(block=64))
+    verdict = evaluate(path, source, EvalConfig(device="cpu", time=False))
+    assert verdict.accepted, f"{layout} ({dtype}): {verdict.reason}\n{source}"
+
+
+def test_transposed_inputs_stay_transposed_in_the_problems(tmp_path):
+    path = tmp_path / "problem.py"
+    path.write_text(layout_problem(*LAYOUTS["transposed"], torch.bfloat16))
+    x, y = import_problem(path).get_inputs()
+    assert not x.is_contiguous() and x.dtype == torch.bfloat16 and y.is_contiguous()
+
+
+def test_other_shapes_and_strides_than_the_captured(tmp_path):
+    path = tmp_path / "problem.py"
+    path.write_text(layout_problem(*LAYOUTS["transposed"], torch.float32))
     check(path, pointwise(16), inputs=[torch.randn(9, 5), torch.randn(9, 5)])
+    check(path, pointwise(16), inputs=[torch.randn(9, 5), torch.randn(5, 9).t()])
+    check(path, pointwise(128), inputs=[torch.randn(1, 300), torch.randn(300)])
+    check(path, pointwise(32), inputs=[torch.randn(4, 6)[:, ::2], torch.randn(1, 3)])
+    check(path, pointwise(32), inputs=[torch.randn(3).expand(5, 3), torch.randn(5, 1)])
+
+
+@pytest.fixture(scope="module")
+def helpers(tmp_path_factory) -> dict:
+    """The layout helpers a generated candidate carries, run here on their own."""
+    path = tmp_path_factory.mktemp("layout") / "problem.py"
+    path.write_text(layout_problem("x", "torch.relu(x)", ["torch.randn(2, 3)"], torch.float32))
+    namespace: dict = {}
+    source = write_pointwise(load_site_graph(path), PointwiseConfig())
+    exec(compile(source, "model_new.py", "exec"), namespace)
+    return namespace
+
+
+@pytest.mark.parametrize("shape,strides,expected", [
+    # Same layout everywhere: one flat row.
+    ((8192, 8192), [(8192, 1)], ([1], 8192 * 8192, [[0, 1]])),
+    # A bias over rows: rows × columns, the bias walks columns only.
+    ((64, 8192), [(8192, 1), (0, 1)], ([64], 8192, [[8192, 1], [0, 1]])),
+    # Channel parameters over (B, C, H, W): channel rows of H·W, the parameter constant along.
+    ((32, 256, 56, 56), [(256 * 3136, 3136, 56, 1), (0, 1, 0, 0)],
+     ([32, 256, 1], 3136, [[256 * 3136, 3136, 0, 1], [0, 1, 0, 0]])),
+    # A column scale: one value per row.
+    ((9, 33), [(33, 1), (1, 0)], ([9], 33, [[33, 1], [1, 0]])),
+    # A transposed input: its column stride is its row count.
+    ((6, 37), [(1, 6), (37, 1)], ([6], 37, [[1, 6], [37, 1]])),
+])
+def test_the_output_splits_into_rows_and_columns(helpers, shape, strides, expected):
+    rows_and_columns = helpers["_rows_and_columns"]
+    sizes, n_cols, per_tensor, wide = rows_and_columns(shape, strides, max(len(shape) - 1, 1))
+    assert (sizes, n_cols, per_tensor) == expected
+    assert not wide
+
+
+def test_offsets_past_32_bits_switch_to_64_bit_indexing(helpers):
+    rows_and_columns = helpers["_rows_and_columns"]
+    assert rows_and_columns((4, 8), [(2**30, 1)], 1)[3]
+    assert rows_and_columns((2**16, 2**15), [(2**15, 1)], 1)[3]
+    assert not rows_and_columns((2**16, 2**14), [(2**14, 1)], 1)[3]
+
+
+def test_the_64_bit_kernel_variant_computes_the_same(tmp_path):
+    # Tensors past 2**31 elements do not fit here; the switch is forced on small ones instead.
+    path = tmp_path / "problem.py"
+    path.write_text(layout_problem(*LAYOUTS["channel"], torch.float32))
+    namespace: dict = {}
+    exec(compile(write_pointwise(load_site_graph(path), PointwiseConfig(block=32)),
+                 "model_new.py", "exec"), namespace)
+    split = namespace["_rows_and_columns"]
+    namespace["_rows_and_columns"] = lambda *args: (*split(*args)[:3], True)
+    problem = import_problem(path)
+    inputs = problem.get_inputs()
+    assert_matches(namespace["ModelNew"]()(*inputs), problem.Model()(*inputs))
+
+
+@pytest.mark.parametrize("n_rows,n_cols,block,expected", [
+    (8192, 8192, 1024, (1, 1024)),  # long rows: one row per program
+    (8192, 3136, 1024, (4, 256)),  # 56×56 maps: 256 wide pads a row by 6%, 4 rows per tile
+    (8192, 49, 1024, (16, 64)),  # 7×7 maps: every power of two pads 15, keep the widest
+    (1000, 3, 1024, (256, 4)),  # narrow rows: most of the tile in rows
+    (1, 100, 1024, (1, 128)),  # a short flat row: no empty rows in the tile
+])
+def test_tiles_fill_the_block_without_padding_rows_much(helpers, n_rows, n_cols, block,
+                                                        expected):
+    assert helpers["_tile"](n_rows, n_cols, block) == expected
 
 
 def test_inference_batch_norm_broadcasts_along_channels(tmp_path):

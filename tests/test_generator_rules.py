@@ -45,7 +45,7 @@ def test_every_child_is_accepted_by_the_evaluator(tmp_path):
 
 def test_a_site_without_rules_is_declined_with_a_plain_reason(tmp_path):
     problem = tmp_path / "problem.py"
-    write_problem(problem, "torch.softmax(x, dim=0)", "x", torch.float32)
+    write_problem(problem, "torch.softmax(x + b, dim=0)", "x, b", torch.float32)
     result = RulesGenerator().propose(problem, None, n=3)
     assert result.children == [] and "dimension 0" in result.declined
     attention = tmp_path / "attention.py"

@@ -24,7 +24,7 @@ def test_kill_minus_9_then_resume_finishes_the_same_run(tmp_path):
     db, out = tmp_path / "kiln.db", tmp_path / "out"
     args = ["tests.models:make_mlp", "--device", "cpu", "--db", str(db), "--sites", "1",
             "--max-candidates", "10", "--workers", "1", "--trials", "2", "--warmup", "0",
-            "--out", str(out)]
+            "--out", str(out), "--no-e2e", "--no-site-compile"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     writer = subprocess.Popen([sys.executable, "-m", "core.optimize", *args], cwd=ROOT, env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -40,7 +40,7 @@ def test_kill_minus_9_then_resume_finishes_the_same_run(tmp_path):
     assert len(before) >= 3
 
     result = run_cli("--resume", "1", "--db", str(db), "--max-candidates", "10", "--workers",
-                     "1", "--trials", "2", "--warmup", "0", "--json")
+                     "1", "--trials", "2", "--warmup", "0", "--json", "--no-e2e")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["run_id"] == 1 and report["resumed"] is True

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import subprocess
+import sys
+from pathlib import Path
 
-from tests.test_list_sites_cli import run_cli
+from tests.test_list_sites_cli import ROOT, run_cli
 
 
 def test_a_cpu_run_searches_refines_and_stores_every_parent_link(tmp_path):
@@ -35,5 +38,23 @@ def test_a_cpu_run_searches_refines_and_stores_every_parent_link(tmp_path):
         assert parent is None or parent in ids, "a parent link to nothing"
         depth[cid] = 1 if parent is None else depth[parent] + 1
     assert max(depth.values()) >= 2, "no refinement of a refinement"
-    status = sqlite3.connect(db).execute("SELECT status FROM runs").fetchone()[0]
+    status, e2e = sqlite3.connect(db).execute("SELECT status, e2e FROM runs").fetchone()
     assert status == "done"
+    assert json.loads(e2e) == report["e2e"]
+    assert report["e2e"]["correct"], report["e2e"]["reason"]
+    assert set(report["e2e"]) >= {"correct", "eager_ms", "optimized_ms", "compile_ms",
+                                  "speedup_vs_eager", "speedup_vs_compile",
+                                  "predicted_speedup"}
+    assert searched["eager_ms"] > 0 and searched["compile_ms"] > 0
+    report_md = Path(report["report_md"])
+    assert report_md.parent.parent == tmp_path / "out"
+    assert "## End to end" in report_md.read_text()
+
+
+def test_the_offline_generator_needs_no_openai_sdk():
+    """A run with the rules generator imports nothing of the LLM client's."""
+    check = ("import sys, core.optimize, core.run\n"
+             "assert 'openai' not in sys.modules, 'the OpenAI SDK was imported'")
+    result = subprocess.run([sys.executable, "-c", check], cwd=ROOT, capture_output=True,
+                            text=True)
+    assert result.returncode == 0, result.stderr

@@ -1,0 +1,126 @@
+"""Kiln's benchmark suite on a GPU: each entry optimized end to end, one results table.
+
+    python -m bench.suite_bench [--budget 10] [--only name,name] [--out DIR]
+                                [-- extra core.optimize arguments]
+
+Each entry of `bench/suite.py` is optimized by `python -m core.optimize` in its own process
+and store (rules generator, fixed budget). The table gives, per entry: whether the installed
+model passed the end-to-end check, its time against eager, against torch.compile and against
+the faster of the two, Amdahl's prediction, the time spent, the candidates tried and the tiers
+of the installed kernels; then the geometric means over the suite. The table is printed and
+written to `DIR/suite.md` as each entry finishes, so an interrupted run keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.suite import SUITE, SuiteEntry, entry  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Outcome:
+    name: str
+    dtype: str
+    correct: bool | None  # None: the run failed
+    eager_ms: float
+    compile_ms: float
+    optimized_ms: float
+    predicted: float
+    minutes: float
+    tried: int
+    tiers: str
+    note: str
+
+    @property
+    def vs_best(self) -> float:
+        return min(self.eager_ms, self.compile_ms) / self.optimized_ms
+
+
+def command(item: SuiteEntry, args: argparse.Namespace, extra: list[str]) -> list[str]:
+    out = args.out / item.name
+    line = [sys.executable, "-m", "core.optimize", item.model, "--device", "cuda", "--dtype",
+            item.dtype, "--budget", str(args.budget), "--generator", "rules", "--json",
+            "--db", str(out / "kiln.db"), "--out", str(out), *extra]
+    if item.shape is not None:
+        line += ["--batch", str(item.shape.batch), "--seq-len", str(item.shape.seq_len),
+                 "--image-size", str(item.shape.image_size)]
+    return line
+
+
+def optimize(item: SuiteEntry, args: argparse.Namespace, extra: list[str]) -> Outcome:
+    (args.out / item.name).mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    result = subprocess.run(command(item, args, extra), capture_output=True, text=True)
+    minutes = (time.perf_counter() - started) / 60
+    (args.out / item.name / "optimize.log").write_text(result.stderr)
+    if result.returncode != 0:
+        last = result.stderr.strip().splitlines()[-1:] or ["no output"]
+        return Outcome(item.name, item.dtype, None, math.nan, math.nan, math.nan, math.nan,
+                       minutes, 0, "-", f"failed ({result.returncode}): {last[0][:120]}")
+    report = json.loads(result.stdout)
+    e2e = report["e2e"]
+    best = {s["id"]: s["best"]["tier"] for s in report["searched"]}
+    tiers = ", ".join(sorted({best[key] for key in e2e["installed"] if key in best})) or "torch"
+    note = "; ".join(f"{key} out: {why[:80]}" for key, why in e2e["removed"].items())
+    if not e2e["correct"]:
+        note = f"{e2e['reason'][:160]}; {note}"
+    return Outcome(item.name, item.dtype, e2e["correct"], e2e["eager_ms"], e2e["compile_ms"],
+                   e2e["optimized_ms"], e2e["predicted_speedup"], minutes,
+                   sum(s["evaluations"] for s in report["searched"]), tiers, note)
+
+
+def geomean(values: list[float]) -> float:
+    values = [v for v in values if math.isfinite(v) and v > 0]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else math.nan
+
+
+def table(outcomes: list[Outcome]) -> str:
+    lines = ["| entry | dtype | e2e check | eager ms | compile ms | Kiln ms | vs eager "
+             "| vs compile | vs faster | predicted vs eager | minutes | tried | installed "
+             "tiers | note |", "|" + " --- |" * 14]
+    for o in outcomes:
+        check = {True: "correct", False: "WRONG", None: "failed"}[o.correct]
+        lines.append(
+            f"| {o.name} | {o.dtype} | {check} | {o.eager_ms:.4f} | {o.compile_ms:.4f} "
+            f"| {o.optimized_ms:.4f} | {o.eager_ms / o.optimized_ms:.2f}x "
+            f"| {o.compile_ms / o.optimized_ms:.2f}x | {o.vs_best:.2f}x | {o.predicted:.2f}x "
+            f"| {o.minutes:.1f} | {o.tried} | {o.tiers} | {o.note} |")
+    done = [o for o in outcomes if o.correct is not None]
+    lines += ["", f"Geometric mean over {len(done)} entries: "
+              f"{geomean([o.eager_ms / o.optimized_ms for o in done]):.3f}x vs eager, "
+              f"{geomean([o.compile_ms / o.optimized_ms for o in done]):.3f}x vs torch.compile, "
+              f"{geomean([o.vs_best for o in done]):.3f}x vs the faster of the two."]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--budget", type=float, default=10.0, help="minutes per entry")
+    parser.add_argument("--only", default="", help="comma-separated entry names")
+    parser.add_argument("--out", type=Path, default=Path("kiln-out/suite"))
+    argv = sys.argv[1:]
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    items = [entry(name) for name in args.only.split(",")] if args.only else SUITE
+    args.out.mkdir(parents=True, exist_ok=True)
+    outcomes: list[Outcome] = []
+    for item in items:
+        print(f"{item.name}: optimizing ({args.budget} min budget)...", file=sys.stderr,
+              flush=True)
+        outcomes.append(optimize(item, args, extra))
+        (args.out / "suite.md").write_text(table(outcomes) + "\n")
+    print(table(outcomes))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,203 @@
+"""Installing winning kernels into the unmodified model.
+
+    installed = install(model, kernels)            # kernels: SiteKernel per site key
+    installed(*inputs)                             # sites call their kernels
+    installed.stats()                              # kernel calls and fallbacks, per site
+
+The model is compiled with a backend that cuts each graph into sites the way Kiln found them
+and calls each winning site's kernel as a `torch.library` custom op. A guard in front of each
+kernel checks every call against what the kernel was proven correct on (input shapes, strides,
+dtypes, one device); any other call, and any call after the kernel failed at run time, runs
+the site's original PyTorch ops: a wrong answer is never the price of a fallback. With
+`rest="inductor"` every op and site without a winning kernel is handed to inductor, so the
+model is as fast as `torch.compile` wherever Kiln found nothing better; the custom ops are
+opaque to it. Inference only: with autograd recording, the original model runs, with a
+warning that says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import tempfile
+import warnings
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from core.problem_loader import import_file, write_candidate
+from core.stitch import stitching_backend
+
+log = logging.getLogger("kiln.install")
+_KERNEL_DIR = Path(tempfile.mkdtemp(prefix="kiln-installed-"))
+_OPS: list[Callable] = []  # every custom op this process registered (names are never reused)
+
+
+@dataclass(frozen=True)
+class ProvenInput:
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: str
+
+    @staticmethod
+    def of(tensor: torch.Tensor) -> ProvenInput:
+        return ProvenInput(tuple(tensor.shape), tuple(tensor.stride()), str(tensor.dtype))
+
+
+@dataclass(frozen=True)
+class SiteKernel:
+    """A winning kernel: its `ModelNew` source, the site problem it was proven on."""
+
+    key: str
+    source: str
+    problem_source: str
+
+    def proven(self) -> list[ProvenInput]:
+        """The inputs the kernel was proven on: the problem's shapes, strides and dtypes."""
+        namespace = _run_source(self.problem_source, f"site {self.key}")
+        with torch.device("meta"):
+            inputs = namespace["get_inputs"]()
+        return [ProvenInput.of(t) for t in inputs]
+
+
+def _run_source(source: str, what: str) -> dict[str, object]:
+    namespace: dict[str, object] = {}
+    exec(compile(source, f"<{what}>", "exec"), namespace)
+    return namespace
+
+
+class GuardedKernel(nn.Module):
+    """The kernel for calls it was proven on; the site's own ops for any other call."""
+
+    def __init__(self, key: str, kernel: nn.Module, reference: nn.Module,
+                 proven: list[ProvenInput], calls: Counter[str]) -> None:
+        super().__init__()
+        self.key, self.kernel, self.reference = key, kernel, reference
+        self.proven = proven
+        self.calls = calls
+        self.failure: str | None = None  # why the kernel was switched off, if it was
+
+    def _proven_for(self, args: tuple) -> bool:
+        if len(args) != len(self.proven) or not all(isinstance(a, torch.Tensor) for a in args):
+            return False
+        if len({a.device for a in args}) != 1:
+            return False
+        return all(ProvenInput.of(a) == p for a, p in zip(args, self.proven, strict=True))
+
+    def forward(self, *args: torch.Tensor) -> object:
+        if self.failure is not None:
+            self.calls[f"{self.key}: fallback (kernel failed: {self.failure})"] += 1
+            return self.reference(*args)
+        if not self._proven_for(args):
+            self.calls[f"{self.key}: fallback (unproven call)"] += 1
+            return self.reference(*args)
+        try:
+            result = self.kernel(*args)
+        except Exception as err:  # the kernel is switched off, the call answered by PyTorch
+            self.failure = f"{type(err).__name__}: {err}".splitlines()[0][:200]
+            log.warning("site %s: the kernel failed (%s); its PyTorch ops run from now on",
+                        self.key, self.failure)
+            self.calls[f"{self.key}: fallback (kernel failed: {self.failure})"] += 1
+            return self.reference(*args)
+        self.calls[f"{self.key}: kernel"] += 1
+        return result
+
+
+def _as_list(output: object) -> list[torch.Tensor]:
+    return list(output) if isinstance(output, tuple | list) else [output]
+
+
+def _owned(outputs: list[torch.Tensor], inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Contiguous outputs that share no memory with the inputs, as the op's fake promises."""
+    taken = {t.untyped_storage().data_ptr() for t in inputs}
+    owned = []
+    for out in outputs:
+        out = out.contiguous()
+        if out.untyped_storage().data_ptr() in taken:
+            out = out.clone()
+        owned.append(out)
+    return owned
+
+
+def site_op(guarded: GuardedKernel) -> Callable:
+    """`guarded` as a custom op from the list of input tensors to the list of outputs."""
+    name = f"site_{re.sub(r'[^0-9A-Za-z]', '_', guarded.key)}_{len(_OPS)}"
+
+    @torch.library.custom_op(f"kiln::{name}", mutates_args=())
+    def run(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        return _owned(_as_list(guarded(*inputs)), inputs)
+
+    @run.register_fake
+    def _(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [out.new_empty(out.shape) for out in _as_list(guarded.reference(*inputs))]
+
+    _OPS.append(run)
+    return getattr(torch.ops.kiln, name).default
+
+
+class InstalledModel(nn.Module):
+    """The original model, compiled so that its sites call their kernels."""
+
+    def __init__(self, original: nn.Module, compiled: Callable, kernels: dict[str, GuardedKernel],
+                 calls: Counter[str], replaced: list[str]) -> None:
+        super().__init__()
+        self.original = original
+        self.compiled = compiled
+        self.kernels = nn.ModuleDict({k.replace("-", "_"): v for k, v in kernels.items()})
+        self.calls = calls
+        self.replaced = replaced  # site keys replaced in the graphs compiled so far
+        self._warned = False
+
+    def forward(self, *args: object, **kwargs: object) -> object:
+        recording = torch.is_grad_enabled() and (
+            any(p.requires_grad for p in self.original.parameters())
+            or any(isinstance(a, torch.Tensor) and a.requires_grad for a in args))
+        if recording:
+            if not self._warned:
+                warnings.warn("Kiln's kernels are for inference and have no backward: with "
+                              "autograd recording the original model runs. Call the model "
+                              "under torch.no_grad() or torch.inference_mode() to use them.",
+                              stacklevel=2)
+                self._warned = True
+            return self.original(*args, **kwargs)
+        return self.compiled(*args, **kwargs)
+
+    def stats(self) -> dict[str, int]:
+        """How often each site ran its kernel, and fell back to PyTorch (and why)."""
+        return dict(self.calls)
+
+    def failures(self) -> dict[str, str]:
+        """The sites whose kernel failed at run time and was switched off, with why."""
+        return {k.key: k.failure for k in self.kernels.values() if k.failure is not None}
+
+
+def load_guarded(kernel: SiteKernel, calls: Counter[str]) -> GuardedKernel:
+    path, name = write_candidate(kernel.source, _KERNEL_DIR)
+    model_new = import_file(path, name).ModelNew()
+    reference = _run_source(kernel.problem_source, f"site {kernel.key}")["Model"]()
+    return GuardedKernel(kernel.key, model_new, reference, kernel.proven(), calls)
+
+
+def install(model: nn.Module, kernels: list[SiteKernel], rest: str = "inductor",
+            calls: Counter[str] | None = None) -> InstalledModel:
+    """`model` with each kernel's site calling it; `rest` runs everything else: "inductor"
+    (torch.compile's default compiler) or "eager" (the captured ops as they are). Kernel
+    calls and fallbacks are counted in `calls` (a new counter if not given)."""
+    if rest not in ("inductor", "eager"):
+        raise ValueError(f"rest must be 'inductor' or 'eager', not {rest!r}")
+    calls = Counter() if calls is None else calls
+    guarded = {k.key: load_guarded(k, calls) for k in kernels}
+    ops = {key: site_op(g) for key, g in guarded.items()}
+    replaced: list[str] = []
+    finish = None
+    if rest == "inductor":
+        from torch._inductor.compile_fx import compile_fx
+
+        finish = compile_fx
+    backend = stitching_backend(ops, replaced, finish)
+    compiled = torch.compile(model, backend=backend, dynamic=False)
+    return InstalledModel(model, compiled, guarded, calls, replaced)

@@ -1,0 +1,263 @@
+"""Tier-1 Triton for batch norm with the batch's statistics (training mode, no running stats).
+
+The input (N, C, *spatial) is read as (N, C, S); each channel is normalized by the mean and
+biased variance over its N × S values. A channel's values are cut into [BLOCK_R samples,
+BLOCK_S positions] tiles shared out among SPLITS programs, so that C × SPLITS programs fill
+the GPU even with few channels. The statistics kernel folds each program's tiles (through the
+elementwise prologue) into per-lane Welford states in fp32 and writes one (count, mean, M2)
+per program; the normalizing kernel takes the same tiles, merges its channel's SPLITS states
+(Chan et al.), and applies the normalization, the per-channel affine map and the epilogue.
+Updates of running statistics are a mutation of module buffers and stay with PyTorch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from generators.codegen import arg, indent
+from generators.expressions import tl_dtype
+from generators.site_graph import Ref, SiteGraph, Unsupported
+from generators.triton_group_norm import (
+    ChannelSite,
+    channel_site,
+    elementwise_lines,
+    inputs_of,
+    stride_args,
+    stride_params,
+    views,
+)
+
+
+@dataclass(frozen=True)
+class BatchNormConfig:
+    block: int = 1024  # elements per tile: BLOCK_S positions × BLOCK_R samples
+    programs_per_sm: int = 4  # channels × splits per channel ≈ this many programs per SM
+    num_warps: int = 4
+
+    def describe(self) -> str:
+        return (f"each channel split over about {self.programs_per_sm} programs per SM, tiles "
+                f"of {self.block}, {self.num_warps} warps")
+
+
+# Tile t of a channel covers samples (t // S_TILES) * BLOCK_R... and positions
+# (t % S_TILES) * BLOCK_S...; program `split` takes tiles split, split + SPLITS, ...
+_TILE = """t = split + step * SPLITS
+samples = (t // S_TILES) * BLOCK_R + tl.arange(0, BLOCK_R)
+positions = (t % S_TILES) * BLOCK_S + tl.arange(0, BLOCK_S)
+mask = ((samples < N) & (t < TILES))[:, None] & (positions < SPATIAL)[None, :]"""
+
+_SOURCE = '''"""Kiln rules kernel (triton, batch_norm with batch statistics): {ops}. {config}."""
+
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def batch_stats_kernel(
+{stat_pointer_params}
+    partial_ptr,
+{stat_stride_params}
+    N: tl.constexpr,
+    SPATIAL: tl.constexpr,
+    SPLITS: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    S_TILES: tl.constexpr,
+    TILES: tl.constexpr,
+    STEPS: tl.constexpr,
+):
+    channel = tl.program_id(0)
+    split = tl.program_id(1)
+    count = tl.zeros([BLOCK_R, BLOCK_S], tl.float32)
+    mean = tl.zeros([BLOCK_R, BLOCK_S], tl.float32)
+    m2 = tl.zeros([BLOCK_R, BLOCK_S], tl.float32)
+{stat_channel_loads}
+    for step in range(STEPS):
+{tile}
+{stat_loads}
+{stat_prologue}
+        count += tl.where(mask, 1.0, 0.0)
+        delta = tl.where(mask, {x} - mean, 0.0)
+        mean += delta / tl.maximum(count, 1.0)
+        m2 += tl.where(mask, delta * ({x} - mean), 0.0)
+    total = tl.sum(count)
+    split_mean = tl.sum(count * mean) / tl.maximum(total, 1.0)
+    spread = mean - split_mean
+    slot = channel * SPLITS + split
+    n_slots = tl.num_programs(0) * SPLITS
+    tl.store(partial_ptr + slot, total)
+    tl.store(partial_ptr + n_slots + slot, split_mean)
+    tl.store(partial_ptr + 2 * n_slots + slot, tl.sum(m2) + tl.sum(count * spread * spread))
+
+
+@triton.jit
+def batch_norm_kernel(
+{pointer_params}
+    partial_ptr,
+{stride_params}
+    N: tl.constexpr,
+    C: tl.constexpr,
+    SPATIAL: tl.constexpr,
+    SPLITS: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    S_TILES: tl.constexpr,
+    TILES: tl.constexpr,
+    STEPS: tl.constexpr,
+    BLOCK_SPLITS: tl.constexpr,
+):
+    channel = tl.program_id(0)
+    split = tl.program_id(1)
+    # Chan et al.: the channel's statistics from its SPLITS partial (count, mean, M2) states.
+    slots = channel * SPLITS + tl.arange(0, BLOCK_SPLITS)
+    held = tl.arange(0, BLOCK_SPLITS) < SPLITS
+    counts = tl.load(partial_ptr + slots, mask=held, other=0.0)
+    means = tl.load(partial_ptr + C * SPLITS + slots, mask=held, other=0.0)
+    m2s = tl.load(partial_ptr + 2 * C * SPLITS + slots, mask=held, other=0.0)
+    total = tl.sum(counts)
+    channel_mean = tl.sum(counts * means) / total
+    spread = means - channel_mean
+    rstd = tl.rsqrt((tl.sum(m2s) + tl.sum(counts * spread * spread)) / total + {eps})
+{channel_loads}
+    for step in range(STEPS):
+{tile}
+{loads}
+{prologue}
+        y = ({x} - channel_mean) * rstd{affine}
+{epilogue}
+        offsets = samples[:, None] * (C * SPATIAL) + channel * SPATIAL + positions[None, :]
+{stores}
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, {params}):
+        shape = {source}.shape
+        assert len(shape) == {rank}, "the kernel was written for rank-{rank} inputs"
+        n, c = shape[0], shape[1]
+        spatial = {source}.numel() // max(n * c, 1)
+        assert n * spatial > 0 and c > 0, "batch statistics need at least one value per channel"
+{views}
+{allocs}
+        block_s = min(triton.next_power_of_2(spatial), {block})
+        block_r = max(1, min(triton.next_power_of_2(n), {block} // block_s))
+        s_tiles = triton.cdiv(spatial, block_s)
+        tiles = triton.cdiv(n, block_r) * s_tiles
+        device = {source}.device
+        # The Triton interpreter runs on the CPU, where there are no SMs to count: one stands in.
+        sms = (torch.cuda.get_device_properties(device).multi_processor_count
+               if device.type == "cuda" else 1)
+        splits = max(1, min(tiles, triton.cdiv({programs_per_sm} * sms, c)))
+        partial = torch.empty((3, c, splits), device=device, dtype=torch.float32)
+        tiling = dict(N=n, SPATIAL=spatial, SPLITS=splits, BLOCK_R=block_r, BLOCK_S=block_s,
+                      S_TILES=s_tiles, TILES=tiles, STEPS=triton.cdiv(tiles, splits),
+                      num_warps={num_warps})
+        batch_stats_kernel[(c, splits)](
+            {stat_pointer_args},
+            partial,
+            {stat_stride_args}
+            **tiling,
+        )
+        batch_norm_kernel[(c, splits)](
+            {pointer_args},
+            partial,
+            {stride_args}
+            C=c,
+            BLOCK_SPLITS=triton.next_power_of_2(splits),
+            **tiling,
+        )
+        return {returns}
+'''
+
+
+def _tile_loads(site: ChannelSite, needed: set[int]) -> list[str]:
+    """Loads of a [BLOCK_R samples, BLOCK_S positions] tile of one channel's full inputs."""
+    return [f"x{i} = tl.load(in{i}_ptr + samples[:, None] * in{i}_sn + channel * in{i}_sc + "
+            f"positions[None, :] * in{i}_ss, mask=mask, other=0.0).to(tl.float32)"
+            for i in sorted(needed) if i not in site.channel]
+
+
+def _channel_loads(site: ChannelSite, needed: set[int]) -> list[str]:
+    """The channel's one value of each per-channel input, loaded once per program."""
+    return [f"x{i} = tl.load(in{i}_ptr + channel * in{i}_sc).to(tl.float32)"
+            for i in sorted(needed) if i in site.channel]
+
+
+def write_batch_norm(graph: SiteGraph, config: BatchNormConfig) -> str:
+    """ModelNew for a site of one training-mode F.batch_norm without running statistics."""
+    anchors = [op for op in graph.ops if op.name == "batch_norm"]
+    if len(anchors) != 1:
+        raise Unsupported("the batch-statistics kernel takes a site with one batch_norm")
+    anchor = anchors[0]
+    if not arg(anchor, "training", 5, False):
+        raise Unsupported("batch_norm in inference mode is elementwise: the pointwise kernel's")
+    if any(isinstance(arg(anchor, name, i), Ref)
+           for i, name in ((1, "running_mean"), (2, "running_var"))):
+        raise Unsupported("batch_norm that updates running statistics in place: a candidate "
+                          "may not change its inputs")
+    weight, bias = arg(anchor, "weight", 3), arg(anchor, "bias", 4)
+    eps = arg(anchor, "eps", 7, 1e-5)
+    if not isinstance(eps, float | int):
+        raise Unsupported("batch_norm with a computed eps")
+    site = channel_site(graph, "batch_norm", [weight, bias])
+    r = site.anchor
+    source = anchor.args[0]
+    before = list(enumerate(graph.ops[:r]))
+    after = list(enumerate(graph.ops[r + 1:], r + 1))
+    stat_inputs = inputs_of(before) | ({source.index} if source.is_input else set())
+    stat_used = sorted(stat_inputs)
+
+    value = {Ref(i, True): f"x{i}" for i in site.used}
+    stat_loads = _tile_loads(site, stat_inputs)
+    stat_prologue = elementwise_lines(before, dict(value))
+    loads = _tile_loads(site, set(site.used))
+    prologue = elementwise_lines(before, value)
+    affine = (f" * {value[weight]}" if isinstance(weight, Ref) else "") + (
+        f" + {value[bias]}" if isinstance(bias, Ref) else "")
+    value[Ref(r, False)] = "y"
+    epilogue = elementwise_lines(after, value)
+    stores = [f"tl.store(out{k}_ptr + offsets, {value[ref]}.to({tl_dtype(graph.info(ref).dtype)}), "
+              "mask=mask)" for k, ref in enumerate(graph.outputs)]
+    stat_site = ChannelSite(r, site.shape, stat_used, site.full, site.channel)
+    row_source = f"in{site.full[0]}"
+    outs = [f"out{k}" for k in range(len(graph.outputs))]
+    return _SOURCE.format(
+        ops=" → ".join(op.name for op in graph.ops),
+        config=config.describe(),
+        stat_pointer_params=indent([f"in{i}_ptr," for i in stat_used], 4),
+        pointer_params=indent([f"in{i}_ptr," for i in site.used] + [f"{o}_ptr," for o in outs],
+                              4),
+        stride_params=indent(stride_params(site), 4),
+        tile=indent(_TILE.splitlines(), 8),
+        stat_stride_params=indent(stride_params(stat_site), 4),
+        stat_channel_loads=indent(_channel_loads(site, stat_inputs), 4),
+        stat_loads=indent(stat_loads, 8),
+        stat_prologue=indent(stat_prologue, 8),
+        x=value[source],
+        eps=repr(float(eps)),
+        channel_loads=indent(_channel_loads(site, set(site.used)), 4),
+        loads=indent(loads, 8),
+        prologue=indent(prologue, 8),
+        affine=affine,
+        epilogue=indent(epilogue, 8),
+        stores=indent(stores, 8),
+        params=", ".join(f"in{i}" for i in range(len(graph.inputs))),
+        source=row_source,
+        rank=len(site.shape),
+        views=indent(views(site), 8),
+        allocs=indent([f"{o} = torch.empty(shape, device={row_source}.device, "
+                       f"dtype={graph.info(ref).dtype})"
+                       for o, ref in zip(outs, graph.outputs, strict=True)], 8),
+        block=config.block,
+        programs_per_sm=config.programs_per_sm,
+        num_warps=config.num_warps,
+        stat_pointer_args=", ".join(f"x{i}" for i in stat_site.used),
+        pointer_args=", ".join([f"x{i}" for i in site.used] + outs),
+        stride_args=stride_args(site),
+        stat_stride_args=stride_args(stat_site),
+        returns=", ".join(outs),
+    )

@@ -1,0 +1,296 @@
+"""Tier-1 Triton for `group_norm` sites, with the input's elementwise prologue and epilogue.
+
+The input (N, C, *spatial) is read as (N, C, S): one program per (sample, group) walks the
+group's C/G channels × S positions in [BLOCK_C, BLOCK_S] tiles twice. The first walk folds the
+prologue's values into per-lane Welford states (count, mean, M2) in fp32, merged at the end
+(Chan et al.), which stays exact where a sum of squares would cancel; the second applies the
+normalization, the per-channel affine map and the epilogue, and stores. Inputs of the full
+shape are read through their strides; per-channel inputs (the affine weight and bias, or a
+(C, 1, 1) operand of the prologue) once per tile row. The group's extents are compile-time
+constants (each shape compiles once).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from generators.codegen import arg, indent, op_refs
+from generators.expressions import elementwise, tl_dtype
+from generators.site_graph import Op, Ref, SiteGraph, TensorInfo, Unsupported
+
+
+@dataclass(frozen=True)
+class GroupNormConfig:
+    block: int = 2048  # elements per tile: BLOCK_S positions × BLOCK_C channels
+    num_warps: int = 4
+
+    def describe(self) -> str:
+        return f"one program per (sample, group), tiles of {self.block}, {self.num_warps} warps"
+
+
+@dataclass(frozen=True)
+class ChannelSite:
+    """A normalization over (N, C, *spatial) with its elementwise ops, as the writers read it.
+
+    `full` inputs have the normalized input's shape; `channel` inputs hold one value per
+    channel (C,) or (1, C, 1, ...), broadcast over the batch and the positions.
+    """
+
+    anchor: int  # index of the normalization op
+    shape: tuple[int, ...]
+    used: list[int]
+    full: list[int]
+    channel: list[int]
+
+
+def is_per_channel(info: TensorInfo, shape: tuple[int, ...]) -> bool:
+    """Whether `info` broadcasts to `shape` as one value per channel (dimension 1)."""
+    padded = (1,) * (len(shape) - len(info.shape)) + info.shape
+    return (len(info.shape) <= len(shape) and padded[1] == shape[1]
+            and all(size == 1 for d, size in enumerate(padded) if d != 1))
+
+
+def channel_site(graph: SiteGraph, name: str, params: list[object]) -> ChannelSite:
+    """Check that the site is one `name` op on (N, C, *spatial) with elementwise neighbours.
+
+    `params` are the op's per-channel parameters (weight, bias...), read per channel whatever
+    their shape; every other input must have the full shape or broadcast per channel.
+    """
+    anchors = [i for i, op in enumerate(graph.ops) if op.kind.value == "reduction"]
+    if len(anchors) != 1 or graph.ops[anchors[0]].name != name:
+        raise Unsupported(f"the {name} kernel takes a site with one {name} and elementwise ops")
+    r = anchors[0]
+    source = graph.ops[r].args[0]
+    if not isinstance(source, Ref):
+        raise Unsupported(f"the {name} input is not a tensor")
+    shape = graph.info(source).shape
+    if len(shape) < 2:
+        raise Unsupported(f"{name} of a rank-{len(shape)} tensor: it needs (N, C, ...)")
+    for op in graph.ops[:r] + graph.ops[r + 1:]:
+        if op.kind.value not in ("pointwise", "view") or op.out.shape != shape:
+            raise Unsupported(f"{op.name} is not elementwise on the {name} input's shape")
+    for ref in graph.outputs:
+        if graph.info(ref).shape != shape:
+            raise Unsupported(f"an output of shape {graph.info(ref).shape}, not {shape}")
+    used = sorted({a.index for op in graph.ops for a in op_refs(op) if a.is_input})
+    param_inputs = {p.index for p in params if isinstance(p, Ref)}
+    if any(not p.is_input for p in params if isinstance(p, Ref)):
+        raise Unsupported(f"{name} parameters computed inside the site")
+    full, channel = [], []
+    for index in used:
+        info = graph.inputs[index]
+        if not info.dtype.is_floating_point:
+            raise Unsupported(f"input in{index} is {info.dtype}: the rules handle float")
+        elsewhere = any(Ref(index, True) in op_refs(op) for i, op in enumerate(graph.ops)
+                        if i != r)
+        if index in param_inputs:
+            if elsewhere:
+                raise Unsupported(f"in{index} is both a {name} parameter and an elementwise "
+                                  "operand")
+            channel.append(index)
+        elif info.shape == shape:
+            full.append(index)
+        elif is_per_channel(info, shape):
+            channel.append(index)
+        else:
+            raise Unsupported(f"input in{index} of shape {info.shape} broadcasts to {shape} "
+                              "other than per channel")
+    if not full:
+        raise Unsupported(f"no input has the {name} input's full shape")
+    return ChannelSite(r, shape, used, full, channel)
+
+
+def tile_loads(site: ChannelSite, needed: set[int], batch: str, channels: str,
+               channel_mask: str) -> list[str]:
+    """Loads of a [BLOCK_C, BLOCK_S] tile at sample(s) `batch` and channel vector `channels`."""
+    lines = []
+    for index in sorted(needed):
+        if index in site.channel:
+            lines.append(f"x{index} = tl.load(in{index}_ptr + {channels} * in{index}_sc, "
+                         f"mask={channel_mask}, other=0.0).to(tl.float32)[:, None]")
+        else:
+            lines.append(f"x{index} = tl.load(in{index}_ptr + {batch} * in{index}_sn + "
+                         f"{channels}[:, None] * in{index}_sc + positions[None, :] * "
+                         f"in{index}_ss, mask=mask, other=0.0).to(tl.float32)")
+    return lines
+
+
+def inputs_of(ops: list[tuple[int, Op]]) -> set[int]:
+    return {a.index for _, op in ops for a in op_refs(op) if a.is_input}
+
+
+def elementwise_lines(ops: list[tuple[int, Op]], value: dict[Ref, str]) -> list[str]:
+    lines = []
+    for i, op in ops:
+        lines.append(f"v{i} = {elementwise(op, value)}")
+        value[Ref(i, False)] = f"v{i}"
+    return lines
+
+
+def stride_params(site: ChannelSite) -> list[str]:
+    return [f"in{i}_sc," if i in site.channel else f"in{i}_sn, in{i}_sc, in{i}_ss,"
+            for i in site.used]
+
+
+def views(site: ChannelSite) -> list[str]:
+    """Full inputs as (N, C, S) (a view wherever the spatial dimensions merge), the rest (C,)."""
+    lines = []
+    for i in site.used:
+        if i in site.channel:
+            lines += [f'assert in{i}.numel() == c, "in{i} holds one value per channel"',
+                      f"x{i} = in{i}.reshape(c)"]
+        else:
+            lines.append(f"x{i} = in{i}.reshape(n, c, spatial)")
+    return lines
+
+
+def stride_args(site: ChannelSite) -> str:
+    return "".join(f"x{i}.stride(0), " if i in site.channel else f"*x{i}.stride(), "
+                   for i in site.used)
+
+
+_SOURCE = '''"""Kiln rules kernel (triton, group_norm): {ops}. {config}."""
+
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def group_norm_kernel(
+{pointer_params}
+{stride_params}
+    groups,
+    GROUP_C: tl.constexpr,
+    SPATIAL: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    program = tl.program_id(0)
+    sample = program // groups
+    first = (program % groups) * GROUP_C
+    count = tl.zeros([BLOCK_C, BLOCK_S], tl.float32)
+    mean = tl.zeros([BLOCK_C, BLOCK_S], tl.float32)
+    m2 = tl.zeros([BLOCK_C, BLOCK_S], tl.float32)
+    for c0 in range(0, GROUP_C, BLOCK_C):
+        channel_mask = c0 + tl.arange(0, BLOCK_C) < GROUP_C
+        channels = first + c0 + tl.arange(0, BLOCK_C)
+        for s0 in range(0, SPATIAL, BLOCK_S):
+            positions = s0 + tl.arange(0, BLOCK_S)
+            mask = channel_mask[:, None] & (positions < SPATIAL)[None, :]
+{stat_loads}
+{stat_prologue}
+            count += tl.where(mask, 1.0, 0.0)
+            delta = tl.where(mask, {x} - mean, 0.0)
+            mean += delta / tl.maximum(count, 1.0)
+            m2 += tl.where(mask, delta * ({x} - mean), 0.0)
+    total = tl.sum(count)
+    group_mean = tl.sum(count * mean) / total
+    spread = mean - group_mean
+    rstd = tl.rsqrt((tl.sum(m2) + tl.sum(count * spread * spread)) / total + {eps})
+    out_base = sample * groups * GROUP_C * SPATIAL
+    for c0 in range(0, GROUP_C, BLOCK_C):
+        channel_mask = c0 + tl.arange(0, BLOCK_C) < GROUP_C
+        channels = first + c0 + tl.arange(0, BLOCK_C)
+        for s0 in range(0, SPATIAL, BLOCK_S):
+            positions = s0 + tl.arange(0, BLOCK_S)
+            mask = channel_mask[:, None] & (positions < SPATIAL)[None, :]
+{loads}
+{prologue}
+            y = ({x} - group_mean) * rstd{affine}
+{epilogue}
+            offsets = out_base + channels[:, None] * SPATIAL + positions[None, :]
+{stores}
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, {params}):
+        shape = {source}.shape
+        assert len(shape) == {rank}, "the kernel was written for rank-{rank} inputs"
+        n, c = shape[0], shape[1]
+        assert c % {groups} == 0, "the channels must split into {groups} groups"
+        spatial = {source}.numel() // max(n * c, 1)
+{views}
+{allocs}
+        block_s = min(triton.next_power_of_2(spatial), {block})
+        block_c = max(1, min(triton.next_power_of_2(c // {groups}), {block} // block_s))
+        group_norm_kernel[(n * {groups},)](
+            {pointer_args},
+            {stride_args}
+            {groups},
+            GROUP_C=c // {groups},
+            SPATIAL=spatial,
+            BLOCK_C=block_c,
+            BLOCK_S=block_s,
+            num_warps={num_warps},
+        )
+        return {returns}
+'''
+
+
+def write_group_norm(graph: SiteGraph, config: GroupNormConfig) -> str:
+    """ModelNew for a site of one F.group_norm with elementwise ops on its input's shape."""
+    anchors = [op for op in graph.ops if op.name == "group_norm"]
+    anchor = anchors[0] if anchors else None
+    params = [arg(anchor, "weight", 2), arg(anchor, "bias", 3)] if anchor else []
+    site = channel_site(graph, "group_norm", params)
+    r = site.anchor
+    groups = arg(anchor, "num_groups", 1)
+    eps = arg(anchor, "eps", 4, 1e-5)
+    if not isinstance(groups, int) or not isinstance(eps, float | int):
+        raise Unsupported("group_norm with a computed group count or eps")
+    if site.shape[1] % groups:
+        raise Unsupported(f"{site.shape[1]} channels do not split into {groups} groups")
+    source = anchor.args[0]
+    before = list(enumerate(graph.ops[:r]))
+    after = list(enumerate(graph.ops[r + 1:], r + 1))
+
+    value = {Ref(i, True): f"x{i}" for i in site.used}
+    stat_loads = tile_loads(site, inputs_of(before) | ({source.index} if source.is_input
+                                                       else set()),
+                            "sample", "channels", "channel_mask")
+    stat_prologue = elementwise_lines(before, dict(value))
+    loads = tile_loads(site, set(site.used), "sample", "channels", "channel_mask")
+    prologue = elementwise_lines(before, value)
+    weight, bias = params
+    affine = (f" * {value[weight]}" if isinstance(weight, Ref) else "") + (
+        f" + {value[bias]}" if isinstance(bias, Ref) else "")
+    value[Ref(r, False)] = "y"
+    epilogue = elementwise_lines(after, value)
+    stores = [f"tl.store(out{k}_ptr + offsets, {value[ref]}.to({tl_dtype(graph.info(ref).dtype)}), "
+              "mask=mask)" for k, ref in enumerate(graph.outputs)]
+    row_source = f"in{site.full[0]}"
+    return _SOURCE.format(
+        ops=" → ".join(op.name for op in graph.ops),
+        config=config.describe(),
+        pointer_params=indent([f"in{i}_ptr," for i in site.used]
+                              + [f"out{k}_ptr," for k in range(len(graph.outputs))], 4),
+        stride_params=indent(stride_params(site), 4),
+        stat_loads=indent(stat_loads, 12),
+        stat_prologue=indent(stat_prologue, 12),
+        x=value[source],
+        eps=repr(float(eps)),
+        loads=indent(loads, 12),
+        prologue=indent(prologue, 12),
+        affine=affine,
+        epilogue=indent(epilogue, 12),
+        stores=indent(stores, 12),
+        params=", ".join(f"in{i}" for i in range(len(graph.inputs))),
+        source=row_source,
+        rank=len(site.shape),
+        groups=groups,
+        views=indent(views(site), 8),
+        allocs=indent([f"out{k} = torch.empty(shape, device={row_source}.device, "
+                       f"dtype={graph.info(ref).dtype})" for k, ref in enumerate(graph.outputs)],
+                      8),
+        block=config.block,
+        pointer_args=", ".join([f"x{i}" for i in site.used]
+                               + [f"out{k}" for k in range(len(graph.outputs))]),
+        stride_args=stride_args(site),
+        num_warps=config.num_warps,
+        returns=", ".join(f"out{k}" for k in range(len(graph.outputs))),
+    )

@@ -1,0 +1,117 @@
+"""The end-to-end check: the whole model with its winners, against eager and torch.compile."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from core.e2e import EndToEndCheck, SiteGain, fresh_like, predicted_speedup
+from core.install import SiteKernel
+from core.markdown_report import markdown_report
+from core.progress import Progress
+from tests import models
+from tests.test_install import site_kernels
+
+SLOW_KERNEL = '''
+import time
+
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.reference = Model()
+
+    def forward(self, *args):
+        time.sleep(0.05)
+        return self.reference(*args)
+'''
+
+
+def gains(kernels: list[SiteKernel]) -> list[SiteGain]:
+    return [SiteGain(k, time_ms=1.0, speedup_vs_eager=2.0) for k in kernels]
+
+
+def check(drop_slower: bool = False) -> EndToEndCheck:
+    """On the CPU the interpreted kernels are slower than PyTorch: kept unless asked."""
+    model, inputs = models.make_mlp()
+    return EndToEndCheck(model, inputs, "cpu", matrix_anchors=True,
+                         progress=Progress(enabled=False), rest="eager",
+                         drop_slower=drop_slower)
+
+
+def test_amdahl_prediction():
+    kernel = SiteKernel("k", "", "")
+    assert predicted_speedup(10.0, []) == 1.0
+    # 4 of 10 ms made 2x faster saves 2 ms: 10 / 8.
+    assert predicted_speedup(10.0, [SiteGain(kernel, 4.0, 2.0)]) == pytest.approx(1.25)
+
+
+def test_fresh_inputs_keep_shapes_dtypes_and_ranges():
+    ids = torch.randint(3, 50, (2, 7))
+    x = torch.randn(4, 5) * 3 + 1
+    fresh_ids, fresh_x = fresh_like((ids, x), seed=1)
+    assert fresh_ids.dtype == ids.dtype and int(fresh_ids.min()) >= 3 and int(fresh_ids.max()) < 50
+    assert fresh_x.shape == x.shape and not torch.equal(fresh_x, x)
+    assert torch.equal(fresh_like((x,), 1)[0], fresh_like((x,), 1)[0])
+
+
+def test_winners_installed_are_checked_and_timed(tmp_path):
+    model, inputs = models.make_mlp()
+    kernels = site_kernels(model, inputs, tmp_path)
+    result = check().run(total_ms=10.0, gains=gains(kernels))
+    assert result.correct, result.reason
+    assert result.installed == sorted(k.key for k in kernels)
+    assert result.timing == "cpu" and result.rest == "eager"
+    for name in ("eager_ms", "optimized_ms", "compile_ms"):
+        assert getattr(result, name) > 0
+    assert result.speedup_vs_eager == pytest.approx(result.eager_ms / result.optimized_ms)
+    assert result.speedup_vs_compile == pytest.approx(result.compile_ms / result.optimized_ms)
+    assert result.predicted_speedup == pytest.approx(10 / (10 - 0.5 * len(kernels)))
+    assert set(result.to_dict()) >= {"correct", "eager_ms", "optimized_ms", "compile_ms",
+                                     "speedup_vs_eager", "speedup_vs_compile",
+                                     "predicted_speedup"}
+
+
+def test_a_kernel_the_whole_model_disagrees_with_is_taken_out(tmp_path):
+    model, inputs = models.make_mlp()
+    kernels = site_kernels(model, inputs, tmp_path)
+    wrong = kernels[0].source.replace("class ModelNew(nn.Module):", """class ModelNew(nn.Module):
+    def __call__(self, *args):
+        out = super().__call__(*args)
+        return out * 1.01 if isinstance(out, torch.Tensor) else out
+""")
+    assert wrong != kernels[0].source
+    bad = SiteKernel(kernels[0].key, wrong, kernels[0].problem_source)
+    result = check().run(total_ms=10.0, gains=gains([bad, *kernels[1:]]))
+    assert result.correct, result.reason
+    assert bad.key not in result.installed
+    assert result.removed[bad.key].startswith("the model was wrong with it: fresh inputs")
+
+
+def test_a_kernel_that_slows_the_model_is_taken_out(tmp_path):
+    model, inputs = models.make_mlp()
+    kernel = site_kernels(model, inputs, tmp_path)[0]
+    slow = SiteKernel(kernel.key, kernel.problem_source + SLOW_KERNEL, kernel.problem_source)
+    result = check(drop_slower=True).run(total_ms=10.0, gains=gains([slow]))
+    assert result.installed == []
+    assert "with no kernel of Kiln's" in result.removed[slow.key]
+    assert result.optimized_ms < 50, "the slow kernel was still timed in the model"
+
+
+def test_the_markdown_report_carries_the_figures(tmp_path):
+    model, inputs = models.make_mlp()
+    kernels = site_kernels(model, inputs, tmp_path)
+    e2e = check().run(total_ms=10.0, gains=gains(kernels)).to_dict()
+    site = {"id": kernels[0].key, "family": "matmul", "share": 0.5, "time_ms": 1.0,
+            "floor_ms": 0.01, "calls": 1, "signature": "linear → gelu | f32[4,8]"}
+    searched = {"id": kernels[0].key, "evaluations": 3, "eager_ms": 1.0, "compile_ms": 0.8,
+                "declined": "", "best": {"tier": "triton", "latency_ms": 0.4, "speedup": 2.0}}
+    text = markdown_report({"model": "mlp", "run_id": 1, "db": "kiln.db", "dtype": "fp32",
+                            "device": "cpu", "timing": "CPU", "total_ms": 2.0,
+                            "captured_ms": 2.0, "floor_gpu": "H200", "e2e": e2e,
+                            "sites": [site], "searched": [searched]})
+    assert f"{e2e['optimized_ms']:.4f}" in text and f"{e2e['speedup_vs_eager']:.2f}x" in text
+    assert f"| `{kernels[0].key}` | 3 | 1.0000 | 0.8000 | triton | 0.4000 | 2.00x |" in text
+    assert "linear → gelu \\| f32[4,8]" in text

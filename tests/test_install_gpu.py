@@ -1,0 +1,44 @@
+"""Installed kernels on a GPU: Triton and CUDA (pycuda) kernels as custom ops inside an
+inductor-compiled model, ordered with torch's own work on its current stream."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from core.correctness import compare_outputs
+from core.install import install
+from tests import models
+from tests.test_install import site_kernels
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+CUDA = torch.device("cuda")
+
+
+def on_gpu(factory):
+    model, inputs = factory()
+    return model.to(CUDA), tuple(x.to(CUDA) for x in inputs)
+
+
+@pytest.mark.parametrize(("factory", "tier"), [
+    (models.make_mlp, "triton"), (models.make_mlp, "cuda"), (models.make_resnet, "triton")])
+def test_installed_kernels_are_right_under_inductor_on_a_side_stream(factory, tier, tmp_path):
+    model, inputs = on_gpu(factory)
+    kernels = site_kernels(model, inputs, tmp_path, CUDA, tier)
+    assert kernels, f"no {tier} kernel for any site"
+    torch._dynamo.reset()
+    installed = install(model, kernels, rest="inductor")
+    with torch.inference_mode():
+        expected = model(*inputs)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # the kernels must follow torch onto this stream
+            actual = installed(*inputs)
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+    # Matmuls and convs run in tf32 on the GPU (Triton's tl.dot, cuDNN): the tf32 tolerance.
+    comparison = compare_outputs(actual, expected, {torch.float32: ("tf32", 3e-4)})
+    assert comparison.mismatch is None, comparison.mismatch.message
+    ran = sum(n for call, n in installed.stats().items() if call.endswith(": kernel"))
+    assert ran >= len(kernels), installed.stats()
