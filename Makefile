@@ -12,7 +12,7 @@ $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet $(TORCH_PIN)
-	$(BIN)/pip install --quiet -e ".[dev,hf]" $(TORCH_PIN)
+	$(BIN)/pip install --quiet -e ".[dev,hf,ray]" $(TORCH_PIN)
 	touch $@
 
 # Bounded so that a machine without a GPU (Triton under its interpreter) finishes in minutes.

@@ -86,6 +86,22 @@ with checks:
         }
     )  # fmt: skip
 
+st.subheader("Why it is slow")
+st.markdown(f"**Diagnosis:** {verdict.get('diagnosis') or 'none: nothing the rules could tell'}")
+report = verdict.get("kernel_report") or {}
+if report.get("kernels"):
+    st.table({name: [kernel.get(key) for kernel in report["kernels"]] for name, key in (
+        ("kernel", "name"), ("registers", "registers"), ("spill stores B", "spill_store_bytes"),
+        ("spill loads B", "spill_load_bytes"), ("stack B", "stack_bytes"),
+        ("shared B", "shared_bytes"), ("threads", "threads"), ("16-byte loads", "wide_loads"),
+        ("narrower loads", "narrow_loads"))} | {
+        "matrix ops": [", ".join(k.get("matrix_ops") or []) or "none" for k in report["kernels"]]})
+    sources = {f"{figure}: {where}" for k in report["kernels"]
+               for figure, where in (k.get("sources") or {}).items()}
+    st.caption("Read from " + "; ".join(sorted(sources)))
+for note in report.get("notes", []):
+    st.caption(note)
+
 st.subheader("Lineage")
 ancestors = queries.ancestors(store.path, store.version, kernel.id)
 if ancestors:

@@ -38,6 +38,9 @@ class EvalConfig:
     reverify_above: float = 10.0
     rotation_budget_bytes: int = 1 << 30
     gpu_lock: str | None = None
+    # Which GPUs (torch's indices in the launching process) evaluation workers are spread over;
+    # None: every GPU torch sees.
+    gpus: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.device not in DEFAULT_TRIALS:
@@ -45,6 +48,10 @@ class EvalConfig:
         if len(self.seeds) < 2:
             raise ValueError("at least two seeds are needed to catch results cached across calls")
         self.seeds = tuple(self.seeds)
+        if self.gpus is not None:
+            self.gpus = tuple(self.gpus)
+            if not self.gpus or len(set(self.gpus)) < len(self.gpus):
+                raise ValueError(f"gpus must name distinct GPUs, not {self.gpus!r}")
 
     @property
     def warmup_count(self) -> int:

@@ -27,8 +27,10 @@ from core.correctness import (
     outputs_identical,
     tolerance_name,
 )
+from core.diagnosis import byte_floor_ms, diagnose
 from core.eval_config import EvalConfig
 from core.eval_timing import clone_inputs, exclusive_device, rotation_copies, time_model
+from core.kernel_report import candidate_report
 from core.problem_loader import Problem, import_file, load_problem, write_candidate
 from core.timing import TimingStats, synchronize
 from core.verdict import Reason, Verdict
@@ -175,6 +177,8 @@ class Judge:
                 record_errors(verdict, trial.comparison)
             check_pointer_cache(models, trials, candidate_path, device, anchors)
         verdict.correct = True
+        report = candidate_report(module, candidate_path.read_text())
+        verdict.kernel_report = report.to_dict()
         verdict.library_ops = sorted(models.library_ops)
         verdict.kernel_launches = models.launches
         name, tol = next(iter(models.tolerances.values()), ("exact", 0.0))
@@ -183,6 +187,10 @@ class Judge:
             self.timed(verdict, models, trials[0].pristine, device, config)
         if verdict.speedup is not None and verdict.speedup > config.reverify_above:
             self.reverify(verdict, models, device, config, anchors, candidate_path)
+        # Latencies measured on the CPU say nothing about a GPU's byte floor.
+        gpu_latency = verdict.latency_ms if device.type == "cuda" else None
+        verdict.diagnosis = str(diagnose(report, gpu_latency, byte_floor_ms(
+            trials[0].pristine, trials[0].reference_out), verdict.baseline_ms))
         after_seed = max(config.seeds) + 1
         try:
             with torch.no_grad():

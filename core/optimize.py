@@ -89,7 +89,17 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, ListSitesConfig]
     llm.add_argument("--llm-concurrency", type=int, default=4, help="requests in flight")
     search.add_argument("--db", type=Path, default=Path(os.environ.get("KILN_DB", "kiln.db")),
                         help="the kernel store (default: $KILN_DB, else ./kiln.db)")
-    search.add_argument("--workers", type=int, default=2, help="evaluation worker processes")
+    search.add_argument("--workers", type=int, default=2,
+                        help="evaluation worker processes in all, spread over the GPUs round "
+                        "robin (local executor)")
+    search.add_argument("--gpus", help="comma-separated GPU indices the workers run on, e.g. "
+                        "0,1 (default: every visible GPU; local executor)")
+    search.add_argument("--executor", choices=["local", "ray"], default="local",
+                        help="where candidates are judged: worker processes on this machine "
+                        "(default), or Ray tasks, one GPU each, on a cluster")
+    search.add_argument("--ray-address", metavar="ADDR",
+                        help="the Ray cluster to join, e.g. auto or ray://head:10001 "
+                        "(default: start Ray on this machine)")
     search.add_argument("--resume", type=int, metavar="RUN",
                         help="continue an interrupted run of the store (its model and settings)")
     args = parser.parse_args(argv)
@@ -104,6 +114,7 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, ListSitesConfig]
                              "pass --tiers triton, --tiers cuda or --tiers triton,cuda")
     args.tiers = tiers
     args.generator = _generators(args)
+    args.gpus = _gpus(args)
     if args.max_candidates < 1 or args.sites < 1 or args.workers < 1 or args.budget <= 0:
         raise KilnInputError("--budget, --max-candidates, --sites and --workers must be "
                              "positive", "pass positive numbers")
@@ -123,6 +134,31 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, ListSitesConfig]
         max_input_bytes=int(args.max_input_mb * 2**20), quiet=False,
     )
     return args, config
+
+
+def _gpus(args: argparse.Namespace) -> tuple[int, ...] | None:
+    """--gpus as indices; checks that --executor ray has Ray and no --gpus."""
+    if args.ray_address and args.executor != "ray":
+        raise KilnInputError("--ray-address was given without --executor ray",
+                             "add --executor ray, or drop --ray-address")
+    if args.executor == "ray":
+        from core.ray_executor import import_ray
+
+        import_ray()
+    if args.gpus is None:
+        return None
+    if args.executor == "ray":
+        raise KilnInputError("--gpus picks GPUs of this machine; on Ray the cluster assigns "
+                             "them", "drop --gpus, or use --executor local")
+    names = [name.strip() for name in args.gpus.split(",") if name.strip()]
+    indices = [int(name) for name in names if name.isdigit()]
+    if not names or len(indices) < len(names) or len(set(indices)) < len(indices):
+        raise KilnInputError(f"--gpus {args.gpus!r} is not a list of distinct GPU indices",
+                             "pass indices separated by commas, e.g. --gpus 0,1")
+    if args.device != "cuda":
+        raise KilnInputError("--gpus was given, but the run is on the CPU",
+                             "drop --gpus, or run with --device cuda on a GPU machine")
+    return tuple(indices)
 
 
 def _generators(args: argparse.Namespace) -> tuple[str, ...]:
@@ -181,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     run = OptimizeRun(OptimizeConfig(
         profile=replace(config, quiet=args.json), db=args.db, budget_minutes=args.budget,
         max_candidates=args.max_candidates, sites=args.sites, tiers=tiers,
-        cuda_share=args.cuda_share, workers=args.workers,
+        cuda_share=args.cuda_share, workers=args.workers, gpus=args.gpus,
+        executor=args.executor, ray_address=args.ray_address,
         search=SearchConfig(seed=args.seed, strategy=args.strategy),
         site_compile=args.site_compile, e2e=args.e2e,
         generators=args.generator,

@@ -2,45 +2,101 @@
 
 Workers start when first needed (a candidate rejected by the static rules needs none). Each
 pool thread owns one worker and pulls the next candidate as soon as its worker is free, so
-one candidate compiles while another is timed. Timing itself takes turns on the GPU through a
-file lock, so concurrent work never inflates a measurement. A worker that crashed, timed out or
-declared itself unfit is replaced before its thread takes the next candidate.
+one candidate compiles while another is timed. A worker that crashed, timed out or declared
+itself unfit is replaced before its thread takes the next candidate.
+
+On CUDA the workers are spread over the GPUs round robin: worker `i` of `n` runs on GPU
+`gpus[i % len(gpus)]`, pinned to it by `CUDA_VISIBLE_DEVICES` in its environment (so inside
+the worker it is `cuda:0`). `gpus` is `EvalConfig.gpus`, else every GPU torch sees. Five
+workers on two GPUs put three on the first and two on the second; one worker on two GPUs
+uses only the first. Timing takes turns through one file lock per GPU, so concurrent work
+never inflates a measurement while different GPUs time in parallel. On the CPU there is one
+lock and no pinning. Results go back to the caller, which alone writes the store.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import queue
 import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import torch
+
+from core.errors import KilnInputError
 from core.eval_config import EvalConfig
 from core.verdict import Verdict
 from core.worker import Request, Worker
 
 
+def pool_gpus(config: EvalConfig, device_count: Callable[[], int] = torch.cuda.device_count
+              ) -> list[int]:
+    """The GPUs (torch indices in this process) workers are spread over; none on the CPU."""
+    if config.device == "cpu":
+        return []
+    count = device_count()
+    if config.gpus is None:
+        return list(range(count))
+    missing = [gpu for gpu in config.gpus if not 0 <= gpu < count]
+    if missing:
+        raise KilnInputError(
+            f"--gpus names GPU {missing[0]}, but this process sees {count} GPU(s)"
+            + (f" (0 to {count - 1})" if count else ""),
+            "pass indices as torch.cuda.device_count() counts them, e.g. --gpus 0,1")
+    return list(config.gpus)
+
+
+def pinning_env(gpu: int, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The environment that pins a worker to torch's GPU `gpu` of this process.
+
+    When this process itself sees a subset of the machine (CUDA_VISIBLE_DEVICES=2,3), torch's
+    index 1 is the machine's GPU 3: the worker must be given 3.
+    """
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None or not visible.strip():
+        return {"CUDA_VISIBLE_DEVICES": str(gpu)}
+    names = [name.strip() for name in visible.split(",") if name.strip()]
+    return {"CUDA_VISIBLE_DEVICES": names[gpu]}
+
+
+def slot_gpus(workers: int, gpus: Sequence[int]) -> list[int | None]:
+    """The GPU of each worker slot, round robin; None for every slot on the CPU."""
+    if not gpus:
+        return [None] * workers
+    return [gpus[slot % len(gpus)] for slot in range(workers)]
+
+
 class WorkerPool:
-    def __init__(self, config: EvalConfig, workers: int = 1) -> None:
+    def __init__(self, config: EvalConfig, workers: int = 1,
+                 device_count: Callable[[], int] = torch.cuda.device_count) -> None:
         if workers < 1:
             raise ValueError("a pool needs at least one worker")
         self.config = config
         self.folder = Path(tempfile.mkdtemp(prefix="kiln-pool-"))
-        self.lock_path = str(self.folder / "device.lock")
         self.size = workers
+        self.gpus = pool_gpus(config, device_count)
+        self.slot_gpu = slot_gpus(workers, self.gpus)
         self.workers: list[Worker | None] = [None] * workers
         self.replacements = 0
         self.guard = threading.Lock()
 
-    def new_worker(self) -> Worker:
-        return Worker(self.config.device, self.config.startup_timeout_s)
+    def lock_path(self, slot: int) -> str:
+        """The timing lock of the slot's device: one per GPU, one for the CPU."""
+        gpu = self.slot_gpu[slot]
+        return str(self.folder / ("device.lock" if gpu is None else f"gpu{gpu}.lock"))
 
-    def request_config(self, config: dict) -> dict:
-        return {**config, "gpu_lock": self.lock_path}
+    def worker_env(self, slot: int) -> dict[str, str]:
+        gpu = self.slot_gpu[slot]
+        return {} if gpu is None else pinning_env(gpu)
+
+    def new_worker(self, slot: int) -> Worker:
+        return Worker(self.config.device, self.config.startup_timeout_s, self.worker_env(slot))
 
     def run_on(self, slot: int, request: Request) -> Verdict:
         worker = self.workers[slot]
@@ -49,9 +105,10 @@ class WorkerPool:
                 worker.close()
                 with self.guard:
                     self.replacements += 1
-            worker = self.workers[slot] = self.new_worker()
+            worker = self.workers[slot] = self.new_worker(slot)
         config = EvalConfig.from_dict(request.config)
-        request = dataclasses.replace(request, config=self.request_config(request.config))
+        request = dataclasses.replace(
+            request, config={**request.config, "gpu_lock": self.lock_path(slot)})
         return worker.evaluate(request, config.compile_timeout_s, config.run_timeout_s)
 
     def map(self, jobs: Sequence[Callable[[Callable[[Request], Verdict]], Verdict]]

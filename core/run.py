@@ -16,6 +16,7 @@ import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -34,6 +35,9 @@ from generators.mixed import MixedGenerator
 from generators.rules import RulesGenerator
 from store import Candidate, Store
 
+if TYPE_CHECKING:
+    from core.ray_executor import RayEvaluator
+
 
 @dataclass(frozen=True)
 class OptimizeConfig:
@@ -45,6 +49,9 @@ class OptimizeConfig:
     tiers: tuple[str, ...] = ("triton", "cuda")
     cuda_share: float = 0.10
     workers: int = 1
+    gpus: tuple[int, ...] | None = None  # local executor: GPUs to spread workers over; None: all
+    executor: str = "local"  # "local": worker processes here; "ray": Ray tasks on a cluster
+    ray_address: str | None = None  # None: start a Ray instance on this machine
     search: SearchConfig = SearchConfig()
     generators: tuple[str, ...] = ("rules",)  # "rules", "llm" or both, in one tree
     llm: LlmConfig = LlmConfig()
@@ -95,7 +102,8 @@ class SiteRun:
 def feedback_of(verdict: Verdict, floor_ms: float) -> Feedback:
     return Feedback(accepted=verdict.accepted, reason=verdict.reason,
                     latency_ms=verdict.latency_ms, baseline_ms=verdict.baseline_ms,
-                    floor_ms=floor_ms, compile_log=verdict.compile_log)
+                    floor_ms=floor_ms, compile_log=verdict.compile_log,
+                    diagnosis=verdict.diagnosis)
 
 
 def _versions() -> dict[str, str]:
@@ -143,7 +151,15 @@ class OptimizeRun:
             latency_ms=call.latency_ms, cost_usd=call.cost_usd,
             site_id=self.site_of_problem.get(problem.resolve()), error=call.error)
 
-    def _site_run(self, site: Site, site_id: int, evaluator: Evaluator) -> SiteRun:
+    def _evaluator(self, eval_config: EvalConfig) -> Evaluator | RayEvaluator:
+        if self.config.executor == "ray":
+            from core.ray_executor import RayEvaluator  # Ray only when asked for
+
+            return RayEvaluator(eval_config, self.config.ray_address)
+        return Evaluator(eval_config, workers=self.config.workers)
+
+    def _site_run(self, site: Site, site_id: int, evaluator: Evaluator | RayEvaluator
+                  ) -> SiteRun:
         problem = site.folder / "problem.py"
         self.site_of_problem[problem.resolve()] = site_id
         holder: dict[str, SiteRun] = {}
@@ -231,9 +247,9 @@ class OptimizeRun:
         chosen = sorted((s for s in profiled.table.sites if s.family != "other"),
                         key=lambda s: -(s.time_ms * (1 - s.floor_ms / max(s.time_ms, 1e-9))))
         chosen = chosen[: config.sites]
-        eval_config = EvalConfig(device=config.profile.device)
+        eval_config = EvalConfig(device=config.profile.device, gpus=config.gpus)
         try:
-            with Evaluator(eval_config, workers=config.workers) as evaluator:
+            with self._evaluator(eval_config) as evaluator:
                 runs = [self._site_run(s, site_ids[s.key], evaluator) for s in chosen]
                 stored = {s.id: s for s in state.sites} if state is not None else {}
                 self._baselines(runs, stored, eval_config)
@@ -294,7 +310,7 @@ class OptimizeRun:
         return site_ids
 
     def _restore(self, runs: list[SiteRun], stored: list[Candidate],
-                 evaluator: Evaluator) -> None:
+                 evaluator: Evaluator | RayEvaluator) -> None:
         """Hang the stored candidates back in their trees; judge any the dead writer had not."""
         by_site = {run.site_id: run for run in runs}
         nodes: dict[int, Node] = {}

@@ -45,7 +45,9 @@ class Verdict:
 
     `max_rel_err` is the largest `|out - ref| / (scale + |ref|)` over all trials, where `scale` is
     the reference output's largest magnitude; the candidate is correct when it stays within
-    `tolerance`. Latencies are medians in milliseconds on `timing_device`.
+    `tolerance`. Latencies are medians in milliseconds on `timing_device`. `kernel_report` is
+    what the compiler made of the candidate's kernels (`core.kernel_report.KernelReport` as a
+    dict) and `diagnosis` the one line `core.diagnosis` drew from it and the timing.
     """
 
     compiled: bool = False
@@ -75,6 +77,8 @@ class Verdict:
     crashed: bool = False
     timed_out: bool = False
     eval_seconds: float = 0.0
+    kernel_report: dict[str, Any] | None = None
+    diagnosis: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         record = dataclasses.asdict(self)

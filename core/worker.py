@@ -49,11 +49,13 @@ class Request:
 class Worker:
     """Parent-side handle on one worker process for one device type."""
 
-    def __init__(self, device: str, startup_timeout_s: float) -> None:
+    def __init__(self, device: str, startup_timeout_s: float,
+                 env: dict[str, str] | None = None) -> None:
+        """`env`: variables set in the worker's environment on top of this process's (its GPU)."""
         self.device = device
         self.folder = Path(tempfile.mkdtemp(prefix="kiln-worker-"))
         self.stderr_path = self.folder / "stderr.log"
-        env = dict(os.environ)
+        env = {**os.environ, **(env or {})}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT),
                                                           env.get("PYTHONPATH")]))
         if device == "cpu":

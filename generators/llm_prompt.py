@@ -77,7 +77,8 @@ def describe_inputs(problem: Path) -> str:
 
 
 def describe_feedback(feedback: Feedback | None) -> str:
-    """The evaluator's word on a kernel: verdict, errors with line numbers, timings."""
+    """The evaluator's word on a kernel: verdict, errors with line numbers, timings, and what
+    limits it when the evaluator could tell."""
     if feedback is None:
         return "Not measured yet."
     lines = [f"Verdict: {'accepted' if feedback.accepted else 'rejected'}"
@@ -94,6 +95,9 @@ def describe_feedback(feedback: Feedback | None) -> str:
             where = f": the kernel runs at {feedback.floor_ms / feedback.latency_ms:.0%} of it"
         lines.append(f"Roofline floor (bytes / bandwidth, FLOPs / peak) "
                      f"{feedback.floor_ms:.4f} ms{where}")
+    if feedback.diagnosis:
+        lines.append(f"Diagnosis (from the compiler's register, spill, shared-memory and load "
+                     f"figures, and the timing): {feedback.diagnosis}")
     if feedback.compile_log:
         log = feedback.compile_log[:LOG_LIMIT]
         lines.append(f"Compiler output:\n```\n{log}\n```")

@@ -1,12 +1,22 @@
 """Turning a parent kernel's settings into its children's: one knob moved one step.
 
 Each knob has an ordered ladder of values; a child moves one knob to a neighbouring rung.
-The rationale says which knob moved, from what to what, and why that might pay.
+The rationale says which knob moved, from what to what, and why that might pay. When the
+parent carries a diagnosis, the steps that answer it come first.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+
+from core.diagnosis import (
+    LATENCY_BOUND,
+    NARROW_LOADS,
+    REGISTER_LIMITED,
+    SHARED_LIMITED,
+    SPILLING,
+    diagnosis_code,
+)
 
 # Ladders are powers of two because Triton block sizes must be; warps beyond 16 are not
 # allowed and stages beyond 5 only add shared memory on Hopper.
@@ -29,6 +39,8 @@ LADDERS: dict[str, tuple[int, ...]] = {
     "programs_per_sm": (1, 2, 4, 8),
     "split": (1, 2, 4, 8, 16, 32, 64),
     "tile": (1024, 2048, 4096, 8192, 16384),
+    "combine": ("second_kernel", "last_program"),
+    "one_program_per_channel": (False, True),
 }
 WHY_UP: dict[str, str] = {
     "block": "more elements per program, fewer programs to schedule",
@@ -50,6 +62,9 @@ WHY_UP: dict[str, str] = {
     "programs_per_sm": "more programs per SM to hide memory latency",
     "split": "more programs share each column's reduced rows, more of them in flight",
     "tile": "larger register tiles: more of the reduced dimension read in one step",
+    "combine": "the last program of each tile folds the partials: one launch instead of two",
+    "one_program_per_channel": "one program per channel computes the statistics, then "
+                               "normalizes the channel again from L2: one read from memory",
 }
 WHY_DOWN: dict[str, str] = {
     "block": "smaller blocks, more programs to fill every SM",
@@ -70,6 +85,31 @@ WHY_DOWN: dict[str, str] = {
     "programs_per_sm": "fewer programs per SM, each looping over more of the work",
     "split": "fewer partial results to write and fold",
     "tile": "smaller register tiles, fewer registers per program and more programs per SM",
+    "combine": "a second kernel folds the partials: no counters, no atomics",
+    "one_program_per_channel": "channels split over several programs: more programs in "
+                               "flight when channels are few",
+}
+
+
+# The steps each diagnosis (`core.diagnosis`) asks for first, as (knob, +1 up / -1 down), most
+# direct first. Spills and register-bound occupancy: fewer values live per thread (smaller tiles,
+# fewer rows, narrower vectors, or more warps sharing one Triton block). Shared memory: fewer
+# stages and smaller tiles. Too little in flight: more work per program and more programs.
+# Narrow loads: wider vectors, wider column tiles.
+_FEWER_REGISTERS = (("block", -1), ("tile", -1), ("rows", -1), ("rows_per_block", -1),
+                    ("block_m", -1), ("block_n", -1), ("block_k", -1), ("block_r", -1),
+                    ("block_i", -1), ("num_warps", 1), ("vector_bytes", -1),
+                    ("num_stages", -1))
+PREFERRED: dict[str, tuple[tuple[str, int], ...]] = {
+    SPILLING: _FEWER_REGISTERS,
+    REGISTER_LIMITED: _FEWER_REGISTERS,
+    SHARED_LIMITED: (("num_stages", -1), ("block_k", -1), ("block_m", -1), ("block_n", -1),
+                     ("rows_per_block", -1), ("block_r", -1)),
+    LATENCY_BOUND: (("block", 1), ("rows", 1), ("rows_per_block", 1), ("num_stages", 1),
+                    ("persistent", 1), ("blocks_per_sm", 1), ("programs_per_sm", 1),
+                    ("split", 1), ("num_warps", 1), ("threads", 1), ("block_i", 1),
+                    ("block_r", 1), ("tile", 1)),
+    NARROW_LOADS: (("vector_bytes", 1), ("block_i", 1), ("block", 1)),
 }
 
 
@@ -77,6 +117,8 @@ WHY_DOWN: dict[str, str] = {
 class Step:
     settings: object
     rationale: str
+    knob: str = ""
+    direction: int = 0  # +1 one rung up the knob's ladder, -1 one rung down
 
 
 def neighbours(settings: object) -> list[Step]:
@@ -92,5 +134,18 @@ def neighbours(settings: object) -> list[Step]:
             if 0 <= rung + offset < len(ladder):
                 value = ladder[rung + offset]
                 steps.append(Step(replace(settings, **{knob.name: value}),
-                                  f"{knob.name} {current}→{value}: {why[knob.name]}"))
+                                  f"{knob.name} {current}→{value}: {why[knob.name]}",
+                                  knob.name, offset))
     return steps
+
+
+def diagnosed_neighbours(settings: object, diagnosis: str) -> list[Step]:
+    """`neighbours`, the steps the parent's diagnosis asks for first (in the order it asks for
+    them, each saying so), then the rest in their usual order."""
+    code = diagnosis_code(diagnosis)
+    wanted = PREFERRED.get(code, ())
+    steps = neighbours(settings)
+    by_move = {(step.knob, step.direction): step for step in steps}
+    first = [replace(by_move[move], rationale=f"{by_move[move].rationale} (the parent: {code})")
+             for move in wanted if move in by_move]
+    return first + [step for step in steps if (step.knob, step.direction) not in wanted]

@@ -2,7 +2,7 @@
 
 Drafts (no parent, or a parent from another tier) are each applicable writer at its default
 settings and a size-based variant; children of one of its own kernels move one knob of its
-settings one step (`mutations`). Sources
+settings one step (`mutations`), the steps the parent's diagnosis asks for first. Sources
 already proposed for the site are skipped, so every child is distinct.
 """
 
@@ -17,7 +17,7 @@ import torch
 from generators.base import Parent, Proposal, Proposals, source_digest
 from generators.cuda_pointwise import CudaPointwiseConfig, write_cuda_pointwise
 from generators.cuda_reduction import CudaReductionConfig, write_cuda_reduction
-from generators.mutations import neighbours
+from generators.mutations import diagnosed_neighbours
 from generators.site_graph import Ref, SiteGraph, Unsupported, load_site_graph
 from generators.triton_batch_norm import BatchNormConfig, write_batch_norm
 from generators.triton_conv import write_conv_epilogue
@@ -103,12 +103,24 @@ def _group_norm_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
 
 
 def _batch_norm_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
-    drafts: list[tuple[object, str]] = [
+    split: list[tuple[object, str]] = [
         (BatchNormConfig(), "channels split over about 4 programs per SM, 1024-element tiles")]
     if max(info.numel for info in graph.inputs) >= 1 << 22:
-        drafts.append((BatchNormConfig(block=2048, num_warps=8),
-                       "large batch: 2048-element tiles with 8 warps keep more bytes in flight"))
-    return drafts
+        split.append((BatchNormConfig(block=2048, num_warps=8),
+                      "large batch: 2048-element tiles with 8 warps keep more bytes in flight"))
+    norms = [op for op in graph.ops if op.name == "batch_norm"]
+    source = norms[0].args[0] if len(norms) == 1 else None
+    shape = graph.info(source).shape if isinstance(source, Ref) else ()
+    channels = shape[1] if len(shape) > 1 else 0
+    # One 16-warp program per SM with 8192-element tiles (16 values per thread) keeps 32 KB of
+    # loads in flight per SM, and bounds the channels held in L2 between the two loops.
+    per_channel = [(BatchNormConfig(block=8192, num_warps=16, programs_per_sm=1,
+                                    one_program_per_channel=True),
+                    f"{channels} channels, one program each (one per SM at a time): statistics "
+                    "then normalization in one launch, the channel read again from L2")]
+    # With at least 128 channels one program per channel keeps nearly every SM of an H200
+    # (132) busy; with fewer, splitting channels over programs fills the GPU.
+    return per_channel + split if channels >= 128 else split + per_channel
 
 
 def _matmul_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
@@ -143,7 +155,8 @@ def _dim_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
         split = split_for(shape, dim, DimConfig(split=AUTO_SPLIT))
         drafts.append((DimConfig(split=AUTO_SPLIT),
                        f"the {shape[dim]} reduced rows split {split} ways (on {H200_SMS} SMs) "
-                       "for about 4 programs per SM, fp32 partials folded in order"))
+                       "for about 4 programs per SM, fp32 partials folded in order by the "
+                       "last program of each tile: one launch"))
     return drafts + [
         (DimConfig(), "16 reduced rows × 128 inner columns per step, coalesced on the inner, "
                       "one program per column tile"),
@@ -247,8 +260,9 @@ class RulesGenerator:
             (w, s) for w in writers if (s := w.settings_of(parent.proposal)) is not None]
         if owned:
             writer, settings = owned[0]
+            diagnosis = parent.feedback.diagnosis if parent and parent.feedback else ""
             candidates = [(writer, step.settings, step.rationale)
-                          for step in neighbours(settings)]
+                          for step in diagnosed_neighbours(settings, diagnosis)]
         else:
             # No parent, or one from another tier or generator (a Triton kernel seeding the
             # CUDA tier): this tier's drafts, which the search hangs under that parent.

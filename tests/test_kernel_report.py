@@ -1,0 +1,200 @@
+"""Kernel reports: the ptxas and SASS parsers on recorded tool output, the real nvcc and cuobjdump
+on hand-written and generated CUDA, Triton under the interpreter, and the verdict's new fields."""
+
+from __future__ import annotations
+
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from core.evaluate import EvalConfig, evaluate
+from core.kernel_report import (
+    INTERPRETER_NOTE,
+    KernelReport,
+    KernelStats,
+    candidate_report,
+    cuda_source_report,
+    cuda_sources,
+    parse_ptxas,
+    parse_sass,
+)
+from core.problem_loader import import_file
+from core.verdict import Verdict
+from generators.cuda_pointwise import CudaPointwiseConfig, write_cuda_pointwise
+from generators.cuda_reduction import CudaReductionConfig, write_cuda_reduction
+from generators.site_graph import load_site_graph
+from generators.triton_pointwise import PointwiseConfig, write_pointwise
+
+DATA = Path(__file__).parent / "data" / "kernel_report"
+# Recorded with `nvcc -arch=sm_90 -cubin --resource-usage` (CUDA 13.0) on the sources beside
+# them wrapped as core.cuda_runtime wraps them, and `cuobjdump -sass` on the cubin.
+HANDWRITTEN = {  # name: registers, stack frame, shared memory, (wide, narrow) loads, matrix ops
+    "local_array": (16, 256, 0, (0, 1), []),
+    "narrow": (10, 0, 1024, (0, 1), []),
+    "wide": (14, 0, 0, (1, 0), []),
+    "tensor_core": (18, 0, 0, (0, 6), ["HMMA.16816.F32"]),
+}
+PRESSURE = {"registers": 32, "stack_bytes": 424, "spill_store_bytes": 952,
+            "spill_load_bytes": 956}
+
+
+def problem(folder: Path, body: str, inputs: str) -> Path:
+    path = folder / "problem.py"
+    path.write_text("import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
+                    f"    def forward(self, x):\n        return {body}\n\n\n"
+                    f"def get_inputs():\n    return [{inputs}]\n\n\n"
+                    "def get_init_inputs():\n    return []\n")
+    return path
+
+
+def test_ptxas_figures_of_every_entry_kernel():
+    kernels = parse_ptxas((DATA / "handwritten.ptxas.txt").read_text())
+    assert sorted(kernels) == sorted(HANDWRITTEN)
+    for name, (registers, stack, shared, _, _) in HANDWRITTEN.items():
+        kernel = kernels[name]
+        got = (kernel.registers, kernel.stack_bytes, kernel.shared_bytes,
+               kernel.spill_store_bytes, kernel.spill_load_bytes)
+        assert got == (registers, stack, shared, 0, 0), f"{name}: {got}"
+
+
+def test_ptxas_spill_stores_and_loads():
+    (kernel,) = parse_ptxas((DATA / "pressure.ptxas.txt").read_text()).values()
+    assert {figure: getattr(kernel, figure) for figure in PRESSURE} == PRESSURE
+    assert kernel.local_bytes == 952 + 956
+
+
+def test_sass_load_widths_and_matrix_opcodes():
+    found = parse_sass((DATA / "handwritten.sass.txt").read_text())
+    assert sorted(found) == sorted(HANDWRITTEN)
+    for name, (*_, loads, matrix) in HANDWRITTEN.items():
+        wide, narrow, opcodes = found[name]
+        assert (wide, narrow > 0) == (loads[0], loads[1] > 0), f"{name}: {wide} wide, {narrow}"
+        assert opcodes == matrix, name
+    assert found["tensor_core"][1] == 6
+
+
+def test_sass_widths_of_each_load_form():
+    sass = "\n".join(["\t\tFunction : k", *(
+        f"        /*00{i}0*/  {pred}{opcode} R2, desc[UR4][R2.64] ;  /* 0x0 */"
+        for i, (pred, opcode) in enumerate([
+            ("", "LDG.E.128.CONSTANT"), ("@P0 ", "LDG.E.64"), ("@!P1 ", "LDG.E.U16"),
+            ("", "LDGSTS.E.BYPASS.LTC128B.128"), ("", "UTMALDG.2D"), ("", "LDG.E.S8"),
+            ("", "HGMMA.64x128x16.F32.BF16"), ("", "STG.E.128")])
+    )])
+    assert parse_sass(sass) == {"k": (3, 3, ["HGMMA.64x128x16.F32.BF16"])}
+
+
+def test_real_tools_give_the_recorded_figures():
+    source = (DATA / "handwritten.cu").read_text()
+    report = cuda_source_report(source)
+    assert report.notes == []
+    by_name = {kernel.name: kernel for kernel in report.kernels}
+    for name, (registers, stack, shared, (wide, narrow), matrix) in HANDWRITTEN.items():
+        kernel = by_name[name]
+        assert (kernel.registers, kernel.stack_bytes, kernel.shared_bytes) == \
+            (registers, stack, shared), name
+        assert (kernel.wide_loads, kernel.narrow_loads > 0, kernel.matrix_ops) == \
+            (wide, narrow > 0, matrix), name
+        assert kernel.sources["registers"].startswith("ptxas -v")
+        assert kernel.sources["loads"] == "cuobjdump -sass"
+    (spilling,) = cuda_source_report((DATA / "pressure.cu").read_text()).kernels
+    assert spilling.spill_store_bytes > 0 and spilling.spill_load_bytes > 0, spilling
+
+
+def test_a_source_nvcc_rejects_leaves_a_note():
+    report = cuda_source_report("__global__ void broken(float* x) { x[0] = undeclared; }")
+    assert report.kernels == []
+    (note,) = report.notes
+    assert note.startswith("nvcc failed") and "undeclared" in note
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory) -> dict[str, KernelReport]:
+    """Rules-generator CUDA, compiled in parallel: 16- and 8-byte pointwise vectors (fp32) and
+    a softmax whose rows span 16 warps (so it reduces through shared memory)."""
+    folder = tmp_path_factory.mktemp("generated")
+    (folder / "pw").mkdir()
+    (folder / "sm").mkdir()
+    pointwise = load_site_graph(problem(folder / "pw", "torch.relu(x * 2.0 + 1.0)",
+                                        "torch.randn(64, 128)"))
+    softmax = load_site_graph(problem(folder / "sm", "torch.softmax(x, -1)",
+                                      "torch.randn(8, 4096)"))
+    candidates = {
+        "vector16": write_cuda_pointwise(pointwise, CudaPointwiseConfig(vector_bytes=16)),
+        "vector8": write_cuda_pointwise(pointwise, CudaPointwiseConfig(vector_bytes=8)),
+        "softmax": write_cuda_reduction(softmax, CudaReductionConfig(threads=512)),
+    }
+    sources = {name: cuda_sources(text)[0] for name, text in candidates.items()}
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        return dict(zip(sources, pool.map(cuda_source_report, sources.values()), strict=True))
+
+
+def test_generated_pointwise_vector_width_shows_in_the_loads(generated):
+    for name, wide in (("vector16", True), ("vector8", False)):
+        report = generated[name]
+        kernels = {kernel.name: kernel for kernel in report.kernels}
+        assert sorted(kernels) == ["pointwise_rows", "pointwise_vector"], report
+        vector = kernels["pointwise_vector"]
+        assert (vector.wide_loads > 0) is wide and (vector.narrow_loads > 0) is not wide, vector
+        assert 0 < vector.registers <= 255 and vector.local_bytes == 0, vector
+        assert vector.shared_bytes == 0 and vector.matrix_ops == []
+
+
+def test_generated_softmax_reduces_through_shared_memory(generated):
+    (kernel,) = generated["softmax"].kernels
+    assert kernel.name == "row_softmax"
+    assert kernel.shared_bytes > 0 and kernel.registers > 0 and kernel.local_bytes == 0, kernel
+
+
+def test_a_report_round_trips_through_a_dict():
+    report = KernelReport([KernelStats("k", registers=40, stack_bytes=8, threads=128,
+                                       wide_loads=2, narrow_loads=0, matrix_ops=["HMMA.16816.F32"],
+                                       sources={"registers": "Triton n_regs"})], ["a note"])
+    assert KernelReport.from_dict(report.to_dict()) == report
+    assert report.largest("registers") == 40 and report.largest("shared_bytes") is None
+
+
+def test_triton_under_the_interpreter_has_no_compiled_metadata(tmp_path):
+    assert "triton" in sys.modules and not torch.cuda.is_available()
+    graph = load_site_graph(problem(tmp_path, "torch.relu(x)", "torch.randn(32)"))
+    source = write_pointwise(graph, PointwiseConfig())
+    path = tmp_path / "candidate.py"
+    path.write_text(source)
+    report = candidate_report(import_file(path, "kernel_report_candidate"), source)
+    assert report == KernelReport(notes=[INTERPRETER_NOTE])
+
+
+def test_the_verdict_carries_the_report_and_an_empty_diagnosis_on_a_cpu(tmp_path):
+    path = problem(tmp_path, "torch.sigmoid(x) * x", "torch.randn(16, 64)")
+    source = write_pointwise(load_site_graph(path), PointwiseConfig())
+    verdict = evaluate(path, source, EvalConfig(device="cpu"))
+    assert verdict.accepted, verdict.reason
+    assert verdict.kernel_report == {"kernels": [], "notes": [INTERPRETER_NOTE]}
+    assert verdict.diagnosis == ""  # no compiled figures, and CPU latencies have no GPU floor
+
+
+def test_verdicts_stored_before_the_report_still_load():
+    old = Verdict(accepted=True, latency_ms=1.0).to_dict()
+    del old["kernel_report"], old["diagnosis"]
+    verdict = Verdict.from_dict(old)
+    assert verdict.kernel_report is None and verdict.diagnosis == ""
+    new = Verdict(kernel_report=KernelReport([KernelStats("k", registers=32)]).to_dict(),
+                  diagnosis="spilling: k: a 16-byte stack frame per thread at 32 registers")
+    assert Verdict.from_json(new.to_json()) == new
+
+
+@pytest.mark.gpu
+def test_triton_on_a_gpu_reports_its_compiled_kernels(tmp_path):
+    path = problem(tmp_path, "torch.relu(x * 2.0)", "torch.randn(4096, 4096)")
+    source = write_pointwise(load_site_graph(path), PointwiseConfig(block=4096, num_warps=8))
+    verdict = evaluate(path, source, EvalConfig(device="cuda"))
+    assert verdict.accepted, verdict.reason
+    report = KernelReport.from_dict(verdict.kernel_report)
+    assert report.kernels, report
+    for kernel in report.kernels:
+        assert kernel.registers and kernel.threads == 256 and kernel.stack_bytes is not None
+        assert kernel.wide_loads is not None, report.notes
+    assert verdict.diagnosis, verdict
