@@ -1,13 +1,12 @@
-"""Reductions, softmax and batch norm over non-last dimensions on a GPU: every draft of the
+"""Reductions and softmax over a non-last dimension on a GPU: every draft of the dimension
 writers plus a ladder of their knobs, each against eager, torch.compile and the byte floor.
 Prints one table per site.
 
     python bench/dim_kernels_bench.py [--workers 4] [--only NAME]
 
 Targets: the best kernel of each site at >= 85% of the byte floor and never slower than
-torch.compile. The table shows which split and combine (reductions), tile (softmax) or layout
-(batch norm: channels split over programs, or one program per channel reading its channel
-again from L2) gets there, so the drafts' defaults can be set from it.
+torch.compile. The table shows which split (reductions) or tile (softmax) gets there, so the
+drafts' defaults can be set from it.
 """
 
 from __future__ import annotations
@@ -18,16 +17,13 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core.evaluate import EvalConfig, Evaluator  # noqa: E402
 from core.roofline import GpuPeaks  # noqa: E402
 from core.site_baseline import time_site  # noqa: E402
-from generators.rules import _batch_norm_drafts, _dim_drafts, _dim_softmax_drafts  # noqa: E402
+from generators.rules import _dim_drafts, _dim_softmax_drafts  # noqa: E402
 from generators.site_graph import load_site_graph  # noqa: E402
-from generators.triton_batch_norm import BatchNormConfig, write_batch_norm  # noqa: E402
 from generators.triton_dim_reduction import AUTO_SPLIT, DimConfig, write_dim_reduction  # noqa: E402
 from generators.triton_dim_softmax import DimSoftmaxConfig, write_dim_softmax  # noqa: E402
 
@@ -40,7 +36,6 @@ class Site:
     body: str
     inputs: str
     bytes: int
-    params: str = "x"
 
 
 REDUCTIONS = [
@@ -60,27 +55,10 @@ SOFTMAXES = [
          "torch.randn(8, 1024, 64, 64).bfloat16()", 2 * 8 * 1024 * 64 * 64 * 2),
 ]
 
-BN = "torch.nn.functional.batch_norm"
-BATCH_NORMS = [
-    Site("batch_norm, batch statistics, 32×256×56² fp32",
-         f"{BN}(x, None, None, w, b, True, 0.1, 1e-5)",
-         "torch.randn(32, 256, 56, 56), torch.randn(256), torch.randn(256)",
-         2 * 32 * 256 * 56 * 56 * 4, params="x, w, b"),
-    # 64 channels of 3.2 MB: too few channels for one program each, too large for L2.
-    Site("batch_norm + relu, batch statistics, 64×64×112² fp32",
-         f"torch.relu({BN}(x, None, None, w, b, True, 0.1, 1e-5))",
-         "torch.randn(64, 64, 112, 112), torch.randn(64), torch.randn(64)",
-         2 * 64 * 64 * 112 * 112 * 4, params="x, w, b"),
-]
-
 
 def reduction_configs(graph) -> list[object]:
     configs = [config for config, _ in _dim_drafts(graph)]
     configs += [DimConfig(split=split) for split in (2, 4, 8, 16, 32)]
-    configs += [DimConfig(split=split, combine="second_kernel") for split in (8, 16)]
-    configs += [DimConfig(split=AUTO_SPLIT, combine="second_kernel"),
-                DimConfig(block_r=32, block_i=256, num_warps=8, split=AUTO_SPLIT,
-                          combine="second_kernel")]
     configs += [DimConfig(split=AUTO_SPLIT, programs_per_sm=p) for p in (2, 8)]
     configs += [DimConfig(block_r=32, split=AUTO_SPLIT), DimConfig(block_i=256, split=AUTO_SPLIT),
                 DimConfig(block_r=8, block_i=256, num_warps=8, split=AUTO_SPLIT)]
@@ -96,19 +74,9 @@ def softmax_configs(graph) -> list[object]:
     return list(dict.fromkeys(configs))
 
 
-def batch_norm_configs(graph) -> list[object]:
-    configs = [config for config, _ in _batch_norm_drafts(graph)]
-    configs += [BatchNormConfig(block=block, num_warps=warps, programs_per_sm=programs,
-                                one_program_per_channel=True)
-                for block, warps, programs in ((8192, 16, 1), (8192, 16, 2), (4096, 8, 1),
-                                               (4096, 8, 2), (2048, 4, 2), (2048, 4, 4))]
-    configs += [BatchNormConfig(programs_per_sm=p) for p in (2, 8)]
-    return list(dict.fromkeys(configs))
-
-
 def problem_source(site: Site) -> str:
     return ("import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
-            f"    def forward(self, {site.params}):\n        return {site.body}\n\n\n"
+            f"    def forward(self, x):\n        return {site.body}\n\n\n"
             f"def get_inputs():\n    return [{site.inputs}]\n\n\n"
             "def get_init_inputs():\n    return []\n")
 
@@ -121,12 +89,7 @@ def main() -> int:
     args = parser.parse_args()
     plans = [(site, write_dim_reduction, reduction_configs) for site in REDUCTIONS]
     plans += [(site, write_dim_softmax, softmax_configs) for site in SOFTMAXES]
-    plans += [(site, write_batch_norm, batch_norm_configs) for site in BATCH_NORMS]
     plans = [p for p in plans if any(part in p[0].name for part in args.only.split(","))]
-    device = torch.cuda.get_device_properties(0)
-    # One program per channel counts on the channels in flight fitting in L2.
-    print(f"{device.name}: {device.multi_processor_count} SMs, "
-          f"L2 {device.L2_cache_size / 2**20:.0f} MiB")
     with tempfile.TemporaryDirectory(prefix="kiln-dim-bench-") as folder, \
             Evaluator(EvalConfig(device="cuda"), workers=args.workers) as evaluator:
         for index, (site, write, configs_of) in enumerate(plans):

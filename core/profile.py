@@ -136,12 +136,6 @@ def profile_model(loaded: LoadedModel, capture: Capture, table: SiteTable,
     def captured() -> object:
         return capture.compiled(*loaded.inputs)
 
-    def marked() -> None:
-        recorder.active = True
-        capture.compiled(*loaded.inputs)
-        recorder.active = False
-        recorder.marks.clear()
-
     def queued(fn: Callable[[], object]) -> float:
         queue()
         return time_once(fn, device)
@@ -150,9 +144,7 @@ def profile_model(loaded: LoadedModel, capture: Capture, table: SiteTable,
     trials: list[dict[str, float]] = []
     total = config.warmup + config.trials
     with torch.no_grad():
-        # The marked forward issues most (an event per segment boundary): if the sleep covered
-        # only the others, the GPU would wait on its launches and the sites would absorb it.
-        queue.fit(max(_enqueue_ms(f, device) for f in (eager, captured, marked)))
+        queue.fit(max(_enqueue_ms(eager, device), _enqueue_ms(captured, device)))
         for i in range(total):
             latency = time_once(eager, device)
             times = (latency, queued(eager), queued(captured))

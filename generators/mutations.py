@@ -39,8 +39,6 @@ LADDERS: dict[str, tuple[int, ...]] = {
     "programs_per_sm": (1, 2, 4, 8),
     "split": (1, 2, 4, 8, 16, 32, 64),
     "tile": (1024, 2048, 4096, 8192, 16384),
-    "combine": ("second_kernel", "last_program"),
-    "one_program_per_channel": (False, True),
 }
 WHY_UP: dict[str, str] = {
     "block": "more elements per program, fewer programs to schedule",
@@ -62,9 +60,6 @@ WHY_UP: dict[str, str] = {
     "programs_per_sm": "more programs per SM to hide memory latency",
     "split": "more programs share each column's reduced rows, more of them in flight",
     "tile": "larger register tiles: more of the reduced dimension read in one step",
-    "combine": "the last program of each tile folds the partials: one launch instead of two",
-    "one_program_per_channel": "one program per channel computes the statistics, then "
-                               "normalizes the channel again from L2: one read from memory",
 }
 WHY_DOWN: dict[str, str] = {
     "block": "smaller blocks, more programs to fill every SM",
@@ -85,9 +80,6 @@ WHY_DOWN: dict[str, str] = {
     "programs_per_sm": "fewer programs per SM, each looping over more of the work",
     "split": "fewer partial results to write and fold",
     "tile": "smaller register tiles, fewer registers per program and more programs per SM",
-    "combine": "a second kernel folds the partials: no counters, no atomics",
-    "one_program_per_channel": "channels split over several programs: more programs in "
-                               "flight when channels are few",
 }
 
 

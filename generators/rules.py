@@ -103,24 +103,12 @@ def _group_norm_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
 
 
 def _batch_norm_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
-    split: list[tuple[object, str]] = [
+    drafts: list[tuple[object, str]] = [
         (BatchNormConfig(), "channels split over about 4 programs per SM, 1024-element tiles")]
     if max(info.numel for info in graph.inputs) >= 1 << 22:
-        split.append((BatchNormConfig(block=2048, num_warps=8),
-                      "large batch: 2048-element tiles with 8 warps keep more bytes in flight"))
-    norms = [op for op in graph.ops if op.name == "batch_norm"]
-    source = norms[0].args[0] if len(norms) == 1 else None
-    shape = graph.info(source).shape if isinstance(source, Ref) else ()
-    channels = shape[1] if len(shape) > 1 else 0
-    # One 16-warp program per SM with 8192-element tiles (16 values per thread) keeps 32 KB of
-    # loads in flight per SM, and bounds the channels held in L2 between the two loops.
-    per_channel = [(BatchNormConfig(block=8192, num_warps=16, programs_per_sm=1,
-                                    one_program_per_channel=True),
-                    f"{channels} channels, one program each (one per SM at a time): statistics "
-                    "then normalization in one launch, the channel read again from L2")]
-    # With at least 128 channels one program per channel keeps nearly every SM of an H200
-    # (132) busy; with fewer, splitting channels over programs fills the GPU.
-    return per_channel + split if channels >= 128 else split + per_channel
+        drafts.append((BatchNormConfig(block=2048, num_warps=8),
+                       "large batch: 2048-element tiles with 8 warps keep more bytes in flight"))
+    return drafts
 
 
 def _matmul_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
@@ -155,8 +143,7 @@ def _dim_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
         split = split_for(shape, dim, DimConfig(split=AUTO_SPLIT))
         drafts.append((DimConfig(split=AUTO_SPLIT),
                        f"the {shape[dim]} reduced rows split {split} ways (on {H200_SMS} SMs) "
-                       "for about 4 programs per SM, fp32 partials folded in order by the "
-                       "last program of each tile: one launch"))
+                       "for about 4 programs per SM, fp32 partials folded in order"))
     return drafts + [
         (DimConfig(), "16 reduced rows × 128 inner columns per step, coalesced on the inner, "
                       "one program per column tile"),

@@ -6,13 +6,8 @@ every load coalesced along the inner columns, and applies the site's elementwise
 the input's shape) in registers. With one program per column tile (split 1) the same program
 applies the epilogue and writes the result: one read, one write. A tile with few programs
 behind it (a reduction of all the rows of a wide matrix has one outer index) is split: `split`
-programs each fold a slice of the reduced rows into an fp32 partial. The partials are folded in
-a fixed order, so results are the same on every run, by one of two means (`combine`):
-- "last_program": each program counts itself in on its tile's counter with an atomic add; the
-  one that arrives last folds the tile's partials, applies the epilogue, writes the result and
-  sets the counter back to zero for the next call. One launch; the counters are the module's,
-  so one instance serves one call at a time.
-- "second_kernel": a small second kernel folds the partials. Two launches, no atomics.
+programs each fold a slice of the reduced rows into an fp32 partial, and a small second kernel
+folds the partials in a fixed order (reproducible, no atomics) and applies the epilogue.
 """
 
 from __future__ import annotations
@@ -28,7 +23,6 @@ FOLDS = {"sum": ("tl.sum", "0.0", "+"), "mean": ("tl.sum", "0.0", "+"),
          "amax": ("tl.max", "float('-inf')", "max"), "amin": ("tl.min", "float('inf')", "min")}
 AUTO_SPLIT = 0  # `split` value meaning: chosen at run time from the shape and the SM count
 H200_SMS = 132  # what rationales assume when no GPU is at hand to ask
-COMBINES = ("second_kernel", "last_program")
 
 
 @dataclass(frozen=True)
@@ -38,19 +32,15 @@ class DimConfig:
     num_warps: int = 4
     split: int = 1  # programs sharing one column tile's reduced rows; AUTO_SPLIT: from the shape
     programs_per_sm: int = 4  # the grid an automatic split aims for
-    combine: str = "last_program"  # who folds a split tile's partials: one of COMBINES
 
     def describe(self) -> str:
         tiles = (f"{self.block_r}×{self.block_i} tiles over (reduced, inner), "
                  f"{self.num_warps} warps")
+        if self.split == AUTO_SPLIT:
+            return f"{tiles}, reduced rows split for about {self.programs_per_sm} programs per SM"
         if self.split == 1:
             return f"{tiles}, one program per column tile"
-        folded = ("the last program of each tile folds the partials (one launch)"
-                  if self.combine == "last_program" else "a second kernel folds the partials")
-        if self.split == AUTO_SPLIT:
-            return (f"{tiles}, reduced rows split for about {self.programs_per_sm} programs per "
-                    f"SM, {folded}")
-        return f"{tiles}, reduced rows split {self.split} ways, {folded}"
+        return f"{tiles}, reduced rows split {self.split} ways"
 
 
 _FINISH = '''
@@ -69,7 +59,7 @@ import torch
 import torch.nn as nn
 import triton
 import triton.language as tl
-{finish}{fold}
+{finish}
 
 @triton.jit
 def dim_kernel(
@@ -99,7 +89,7 @@ def dim_kernel(
 
 class ModelNew(nn.Module):
     def __init__(self):
-        super().__init__(){init}
+        super().__init__()
 
     def forward(self, {params}):
         shape = {row_source}.shape
@@ -129,23 +119,8 @@ _SPLIT_WRITE = '''    if SPLIT == 1:
         tl.store(out0_ptr + outer * inner + cols, finish(acc, REDUCED).to({out_dtype}),
                  mask=col_mask)
     else:
-        # Partials laid out [SPLIT, outer, inner]: the fold reads them coalesced.
+        # Partials laid out [SPLIT, outer, inner]: the combine kernel reads them coalesced.
         tl.store(partial_ptr + (part * outer_count + outer) * inner + cols, acc, mask=col_mask)'''
-
-_FOLD = '''
-
-@triton.jit
-def fold_partials(partial_ptr, outer, outer_count, inner, cols, col_mask, SPLIT: tl.constexpr):
-    """The SPLIT partials of one column tile folded in order: the same result on every run.
-    Other programs wrote them: the loads go to L2 (.cg), never to a stale L1 line."""
-    acc = tl.load(partial_ptr + outer * inner + cols, mask=col_mask, other=0.0,
-                  cache_modifier=".cg")
-    for part in range(1, SPLIT):
-        partial = tl.load(partial_ptr + (part * outer_count + outer) * inner + cols,
-                          mask=col_mask, other=0.0, cache_modifier=".cg")
-        acc = {combine_partial}
-    return acc
-'''
 
 _COMBINE_KERNEL = '''
 
@@ -159,29 +134,19 @@ def combine_kernel(
     SPLIT: tl.constexpr,
     BLOCK_I: tl.constexpr,
 ):
+    """Fold the SPLIT partials of each output in order: the same result on every run."""
     tiles_per_outer = tl.cdiv(inner, BLOCK_I)
     outer = tl.program_id(0) // tiles_per_outer
     cols = (tl.program_id(0) % tiles_per_outer) * BLOCK_I + tl.arange(0, BLOCK_I)
     col_mask = cols < inner
-    acc = fold_partials(partial_ptr, outer, outer_count, inner, cols, col_mask, SPLIT)
+    acc = tl.load(partial_ptr + outer * inner + cols, mask=col_mask, other=0.0)
+    for part in range(1, SPLIT):
+        partial = tl.load(partial_ptr + (part * outer_count + outer) * inner + cols,
+                          mask=col_mask, other=0.0)
+        acc = {combine_partial}
     tl.store(out0_ptr + outer * inner + cols, finish(acc, REDUCED).to({out_dtype}),
              mask=col_mask)
 '''
-
-_LAST_PROGRAM_FOLDS = '''
-        # The barrier puts every thread's partial store before the count; the count's release
-        # publishes them and its acquire, in the program that arrives last, sees them all.
-        tl.debug_barrier()
-        arrived = tl.atomic_add(counter_ptr + tl.program_id(0), 1, sem="acq_rel")
-        if arrived == SPLIT - 1:
-            acc = fold_partials(partial_ptr, outer, outer_count, inner, cols, col_mask, SPLIT)
-            tl.store(out0_ptr + outer * inner + cols, finish(acc, REDUCED).to({out_dtype}),
-                     mask=col_mask)
-            tl.store(counter_ptr + tl.program_id(0), 0)  # ready for the next call'''
-
-_COUNTERS = '''# One arrival counter per column tile: zeroed once here, then by its last program.
-if self.tile_counters.device != out0.device or self.tile_counters.numel() < tiles:
-    self.tile_counters = torch.zeros(tiles, device=out0.device, dtype=torch.int32)'''
 
 _CHUNKS = '''# Each program folds CHUNK rows (whole BLOCK_R steps); no program is left empty.
 chunk = triton.cdiv(triton.cdiv(reduced, split), {block_r}) * {block_r}
@@ -272,8 +237,6 @@ def write_dim_reduction(graph: SiteGraph, config: DimConfig) -> str:
         raise Unsupported("the dimension kernel takes exactly one sum, mean, amax or amin")
     if config.split < 0:
         raise Unsupported(f"split {config.split}: a count of programs, or {AUTO_SPLIT} for auto")
-    if config.combine not in COMBINES:
-        raise Unsupported(f"combine {config.combine!r}: one of {', '.join(COMBINES)}")
     r = anchors[0]
     anchor = graph.ops[r]
     source_ref = anchor.args[0]
@@ -316,10 +279,7 @@ def write_dim_reduction(graph: SiteGraph, config: DimConfig) -> str:
     out_dtype = tl_dtype(graph.info(result).dtype)
     row_source = f"in{used[0]}"
     splits = config.split != 1
-    last = splits and config.combine == "last_program"
     pointers = [f"in{i}" for i in used] + ["out0"] + (["partial"] if splits else [])
-    pointer_args = pointers + (["self.tile_counters"] if last else [])
-    pointer_params = [f"{p}_ptr," for p in pointers] + (["counter_ptr,"] if last else [])
     allocs = [f"out0 = torch.empty(out_shape, device={row_source}.device, "
               f"dtype={graph.info(result).dtype})"]
     if config.split == AUTO_SPLIT:
@@ -330,7 +290,7 @@ def write_dim_reduction(graph: SiteGraph, config: DimConfig) -> str:
     else:
         split = _ONE_PASS_CHUNK.format(block_r=config.block_r)
     launch = _LAUNCH.format(
-        grid="(tiles, split)" if splits else "(tiles,)", pointer_args=", ".join(pointer_args),
+        grid="(tiles, split)" if splits else "(tiles,)", pointer_args=", ".join(pointers),
         split_args="    outer," if splits else "",
         split_kwargs="    SPLIT=split," if splits else "",
         block_r=config.block_r, block_i=config.block_i, num_warps=config.num_warps)
@@ -340,18 +300,15 @@ def write_dim_reduction(graph: SiteGraph, config: DimConfig) -> str:
             "# One fp32 partial result per share of the reduced rows.",
             "partial = torch.empty((split, outer, inner), device=out0.device, "
             "dtype=torch.float32)",
-            *(_COUNTERS.splitlines() if last else []),
             launch,
-            *([] if last else _COMBINE_LAUNCH.format(block_i=config.block_i,
-                                                     num_warps=config.num_warps).splitlines())])
+            _COMBINE_LAUNCH.format(block_i=config.block_i, num_warps=config.num_warps)])
     return _SOURCE.format(
         dim=dim, ops=" → ".join(op.name for op in graph.ops), config=config.describe(),
         finish=_FINISH.format(scale=" / REDUCED" if anchor.name == "mean" else "",
                               scale_doc=" (the sum over REDUCED rows for a mean)"
                               if anchor.name == "mean" else "",
                               epilogue=indent(epilogue, 4), result=value[result]),
-        fold=_FOLD.format(combine_partial=_join(join, "acc", "partial")) if splits else "",
-        pointer_params=indent(pointer_params, 4),
+        pointer_params=indent([f"{p}_ptr," for p in pointers], 4),
         split_params="    outer_count,\n" if splits else "",
         split_constexpr="    SPLIT: tl.constexpr,\n" if splits else "",
         part=("    part = tl.program_id(1)  # which CHUNK of the reduced rows this program folds\n"
@@ -359,10 +316,10 @@ def write_dim_reduction(graph: SiteGraph, config: DimConfig) -> str:
         first_row="part * CHUNK + " if splits else "",
         neutral=neutral, loads=indent(loads, 8), prologue=indent(prologue, 8),
         reduced_value=reduced_value, combine_tile=_join(join, "acc", f"{fold}(tile, axis=0)"),
-        write=((_SPLIT_WRITE + (_LAST_PROGRAM_FOLDS if last else "")) if splits
-               else _ONE_PASS_WRITE).format(out_dtype=out_dtype),
-        combine_kernel=_COMBINE_KERNEL.format(out_dtype=out_dtype) if splits and not last else "",
-        init="\n        self.tile_counters = torch.zeros(0, dtype=torch.int32)" if last else "",
+        write=(_SPLIT_WRITE if splits else _ONE_PASS_WRITE).format(out_dtype=out_dtype),
+        combine_kernel=_COMBINE_KERNEL.format(
+            combine_partial=_join(join, "acc", "partial"), out_dtype=out_dtype)
+        if splits else "",
         params=", ".join(f"in{i}" for i in range(len(graph.inputs))),
         row_source=row_source, rank=rank,
         contiguity=indent([f'assert in{i}.is_contiguous(), "in{i} must be contiguous"'

@@ -9,12 +9,7 @@ from core.evaluate import EvalConfig, Evaluator, evaluate
 from generators.base import Parent
 from generators.rules import RulesGenerator, _dim_drafts
 from generators.site_graph import Unsupported, load_site_graph
-from generators.triton_dim_reduction import (
-    AUTO_SPLIT,
-    COMBINES,
-    DimConfig,
-    write_dim_reduction,
-)
+from generators.triton_dim_reduction import AUTO_SPLIT, DimConfig, write_dim_reduction
 from tests.kernel_checks import assert_matches
 from tests.test_generator_pointwise import check
 
@@ -42,14 +37,6 @@ def run(path, config: DimConfig, x: torch.Tensor) -> None:
     check(path, lambda graph: write_dim_reduction(graph, config), inputs=[x])
 
 
-def model_new(path, config: DimConfig):
-    """The candidate for `config` as a module, to call directly."""
-    namespace: dict = {}
-    exec(compile(write_dim_reduction(load_site_graph(path), config), "model_new.py", "exec"),
-         namespace)
-    return namespace["ModelNew"]()
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", list(CASES))
 def test_reductions_over_inner_dimensions_match_pytorch(name, dtype, tmp_path):
@@ -69,14 +56,12 @@ SPLITS = {
 }
 
 
-@pytest.mark.parametrize("combine", COMBINES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", list(SPLITS))
-def test_split_reductions_match_pytorch_on_odd_sizes(case, dtype, combine, tmp_path):
+def test_split_reductions_match_pytorch_on_odd_sizes(case, dtype, tmp_path):
     body, shape, split = SPLITS[case]
     path = problem(tmp_path, body, shape, dtype)
-    run(path, DimConfig(block_r=8, block_i=4, split=split, combine=combine),
-        torch.randn(shape).to(dtype))
+    run(path, DimConfig(block_r=8, block_i=4, split=split), torch.randn(shape).to(dtype))
 
 
 def test_an_automatic_split_covers_every_reduced_row(tmp_path):
@@ -88,46 +73,27 @@ def test_an_automatic_split_covers_every_reduced_row(tmp_path):
     x[60, 1] = 50.0  # the maximum sits in the last, partial chunk
     run(path, config, x)
     source = write_dim_reduction(load_site_graph(path), config)
-    assert "atomic_add" in source and "multi_processor_count" in source
+    assert "combine_kernel" in source and "multi_processor_count" in source
 
 
-@pytest.mark.parametrize("combine", COMBINES)
-def test_split_results_are_the_same_on_every_run(combine, tmp_path):
+def test_split_results_are_the_same_on_every_run(tmp_path):
     path = problem(tmp_path, "x.sum(dim=0)", (203, 6), torch.float32)
-    model = model_new(path, DimConfig(block_r=8, block_i=8, split=5, combine=combine))
+    namespace: dict = {}
+    exec(compile(write_dim_reduction(load_site_graph(path), DimConfig(block_r=8, block_i=8,
+                                                                        split=5)),
+                 "model_new.py", "exec"), namespace)
     x = torch.randn(203, 6) * 1e3
+    model = namespace["ModelNew"]()
     first = model(x)
     assert all(torch.equal(first, model(x)) for _ in range(3))
     assert_matches(first, x.sum(dim=0))
 
 
-def test_the_last_program_leaves_every_counter_at_zero(tmp_path):
-    # 3 × 2 column tiles of 4, then a larger input: 5 × 3 tiles need more counters.
-    path = problem(tmp_path, "x.sum(dim=1)", (3, 37, 5), torch.float32)
-    model = model_new(path, DimConfig(block_r=8, block_i=4, split=3))
-    for shape in ((3, 37, 5), (5, 29, 9), (3, 37, 5)):
-        x = torch.randn(shape)
-        assert_matches(model(x), x.sum(dim=1))
-        assert model.tile_counters.numel() >= shape[0] * -(-shape[2] // 4)
-        assert not model.tile_counters.any(), model.tile_counters
-
-
-def test_sources_say_who_folds_the_partials(tmp_path):
+def test_one_pass_source_has_no_combine_step(tmp_path):
     graph = load_site_graph(problem(tmp_path, "x.sum(dim=1)", (3, 37, 5), torch.float32))
-    one_pass = {write_dim_reduction(graph, DimConfig(split=1, combine=c)) for c in COMBINES}
-    assert len(one_pass) == 1, "with one program per tile there are no partials to fold"
-    source = one_pass.pop()
-    assert not any(word in source for word in ("combine_kernel", "partial", "atomic"))
-    second = write_dim_reduction(graph, DimConfig(split=4, combine="second_kernel"))
-    assert "combine_kernel[" in second and "atomic_add" not in second
-    last = write_dim_reduction(graph, DimConfig(split=4, combine="last_program"))
-    assert "atomic_add" in last and "combine_kernel" not in last
-
-
-def test_an_unknown_combine_is_declined(tmp_path):
-    path = problem(tmp_path, "x.sum(dim=0)", (4, 8), torch.float32)
-    with pytest.raises(Unsupported, match="combine 'atomics'"):
-        write_dim_reduction(load_site_graph(path), DimConfig(split=2, combine="atomics"))
+    one_pass = write_dim_reduction(graph, DimConfig(split=1))
+    assert "combine_kernel" not in one_pass and "partial" not in one_pass
+    assert "combine_kernel" in write_dim_reduction(graph, DimConfig(split=4))
 
 
 def test_other_shapes_than_the_captured(tmp_path):
@@ -141,9 +107,7 @@ def test_other_shapes_than_the_captured(tmp_path):
 def test_drafts_are_accepted_by_the_evaluator(dtype, tmp_path):
     path = problem(tmp_path, "torch.relu(x).sum(dim=1) * 0.5", (2, 45, 7), dtype)
     drafts = _dim_drafts(load_site_graph(path))
-    # On the CPU's one stand-in SM the automatic split is 2 here: the last program folds.
-    assert any(config.split == AUTO_SPLIT and config.combine == "last_program"
-               for config, _ in drafts)
+    assert any(config.split == AUTO_SPLIT for config, _ in drafts)
     assert any(config.split == 1 for config, _ in drafts)
     for config, why in drafts:
         source = write_dim_reduction(load_site_graph(path), config)
@@ -159,7 +123,6 @@ def test_split_moves_along_its_ladder_and_the_automatic_split_by_programs_per_sm
     automatic = generator.propose(path, Parent(drafts[AUTO_SPLIT]), n=10).children
     assert {c.settings["programs_per_sm"] for c in automatic} == {2, 4, 8}
     assert all(c.settings["split"] == AUTO_SPLIT for c in automatic)
-    assert {c.settings["combine"] for c in automatic} == set(COMBINES)
     one_pass = generator.propose(path, Parent(drafts[1]), n=10).children
     assert {c.settings["split"] for c in one_pass} == {1, 2}
     split = next(c for c in one_pass if c.settings["split"] == 2)
@@ -205,24 +168,9 @@ def test_split_reductions_are_accepted_on_the_gpu_at_realistic_sizes(site, tmp_p
         f"    def forward(self, x):\n        return {body}\n\n\n"
         f"def get_inputs():\n    return [{inputs}]\n\n\ndef get_init_inputs():\n    return []\n")
     graph = load_site_graph(path)
-    configs = [config for config, _ in _dim_drafts(graph)] + [
-        DimConfig(split=16), DimConfig(split=16, combine="second_kernel"),
-        DimConfig(split=AUTO_SPLIT, combine="second_kernel")]
+    configs = [config for config, _ in _dim_drafts(graph)] + [DimConfig(split=16)]
     sources = [write_dim_reduction(graph, config) for config in configs]
     with Evaluator(EvalConfig(device="cuda"), workers=1) as evaluator:
         verdicts = evaluator.evaluate_many([(path, source) for source in sources])
     for source, verdict in zip(sources, verdicts, strict=True):
         assert verdict.accepted, (source.splitlines()[0], verdict.reason)
-
-
-@pytest.mark.gpu
-def test_the_last_program_fold_is_deterministic_on_the_gpu(tmp_path):
-    # 32 column tiles of 128 over 8192 rows, 64 programs per tile racing to arrive last.
-    path = problem(tmp_path, "x.sum(dim=0)", (8192, 4096), torch.float32)
-    model = model_new(path, DimConfig(split=64)).cuda()
-    x = torch.randn(8192, 4096, device="cuda") * 1e3
-    first = model(x)
-    for _ in range(5):
-        assert torch.equal(first, model(x))
-    assert not model.tile_counters.any(), "a tile's counter was left set"
-    assert_matches(first.cpu(), x.cpu().sum(dim=0))
