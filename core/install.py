@@ -17,6 +17,7 @@ warning that says so.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import tempfile
@@ -33,7 +34,6 @@ from core.problem_loader import import_file, write_candidate
 from core.stitch import stitching_backend
 
 log = logging.getLogger("kiln.install")
-_KERNEL_DIR = Path(tempfile.mkdtemp(prefix="kiln-installed-"))
 _OPS: list[Callable] = []  # every custom op this process registered (names are never reused)
 
 
@@ -175,8 +175,15 @@ class InstalledModel(nn.Module):
         return {k.key: k.failure for k in self.kernels.values() if k.failure is not None}
 
 
+@functools.cache
+def _kernel_dir() -> Path:
+    """Where installed kernels' sources are written (Triton reads a kernel back from its file):
+    made once, on the first install, not on import."""
+    return Path(tempfile.mkdtemp(prefix="kiln-installed-"))
+
+
 def load_guarded(kernel: SiteKernel, calls: Counter[str]) -> GuardedKernel:
-    path, name = write_candidate(kernel.source, _KERNEL_DIR)
+    path, name = write_candidate(kernel.source, _kernel_dir())
     model_new = import_file(path, name).ModelNew()
     reference = _run_source(kernel.problem_source, f"site {kernel.key}")["Model"]()
     return GuardedKernel(kernel.key, model_new, reference, kernel.proven(), calls)
