@@ -13,6 +13,7 @@ from app_pages.common import (
     times,
     verdict_label,
 )
+from core.counters import CounterReport
 from core.errors import KilnInputError
 
 # Links shown each way along the lineage; a long refinement chain is summarised past them.
@@ -101,6 +102,25 @@ if report.get("kernels"):
     st.caption("Read from " + "; ".join(sorted(sources)))
 for note in report.get("notes", []):
     st.caption(note)
+counters = CounterReport.from_dict(verdict["counters"]) if verdict.get("counters") else None
+if counters is not None:
+    st.markdown("**Hardware counters** (Nsight Compute, one forward, clocks left alone)")
+    if counters.kernels:
+        st.table({name: [figure(kernel) for kernel in counters.kernels] for name, figure in (
+            ("kernel", lambda k: k.name), ("µs", lambda k: (k.duration_ns or 0) / 1e3),
+            ("DRAM % peak", lambda k: k.dram_pct), ("SM % peak", lambda k: k.sm_pct),
+            ("achieved occupancy %", lambda k: k.achieved_occupancy_pct),
+            ("theoretical occupancy %", lambda k: k.theoretical_occupancy_pct),
+            ("L2 hit %", lambda k: k.l2_hit_pct), ("sector use %", lambda k: k.sector_use_pct),
+            ("top stalls", lambda k: ", ".join(f"{reason} {share:.0%}"
+                                               for reason, share in k.top_stalls(3))))})
+        longest = counters.dominant
+        if longest is not None and longest.stalls:
+            st.caption(f"What the warps of {longest.name} wait on, as a share of all stalls")
+            st.bar_chart({"share of stalls": dict(longest.top_stalls(8))}, horizontal=True)
+        st.caption(f"Collected in {counters.seconds:.1f} s")
+    for note in counters.notes:
+        st.caption(note)
 
 st.subheader("Lineage")
 ancestors = queries.ancestors(store.path, store.version, kernel.id)

@@ -1,11 +1,17 @@
-"""Why a kernel is slow, read from its kernel report and its timing: one code and one line.
+"""Why a kernel is slow, read from its kernel report, its timing and, when Nsight Compute could
+read them, its hardware counters: one code and one line.
 
-The rules need no hardware counters. In order, the first that applies wins:
+In order, the first rule that applies wins:
 - near the byte floor: the kernel moves its bytes about as fast as the memory allows;
 - spilling: values live in local memory (register spills, or a local array);
+- uncoalesced access (counters): global loads use little of each 32-byte sector they fetch;
 - register- or shared-memory-limited occupancy: too few warps fit on an SM;
+- compute-bound (counters): the SM pipelines are busy while DRAM is not;
+- excess memory traffic (counters): DRAM is busy, yet the time is far above the byte floor, so
+  the kernel moves more bytes than the problem needs;
 - narrow loads: no global load moves 16 bytes;
-- latency-bound: far from the floor with none of the above, so too few bytes are in flight.
+- latency-bound: far from the floor with none of the above, so too few bytes are in flight
+  (with counters, the stall reasons that dominate say what the warps wait on).
 The line carries the numbers behind the code, e.g. "memory-bound near floor: at 82% of the
 byte floor (0.0760 ms, floor 0.0623 ms); 64 registers/thread, no spills".
 """
@@ -19,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from core.correctness import flatten
+from core.counters import CounterReport, KernelCounters
 from core.kernel_report import KernelReport, KernelStats
 from core.roofline import GpuPeaks, touched_bytes
 
@@ -40,6 +47,11 @@ NEAR_FLOOR = 0.75
 # some 20 KB per SM over 132 SMs: half the SM's warps issuing one 16-byte load each (16 KB)
 # barely get there, so fewer resident warps than half starve a memory-bound kernel.
 LOW_OCCUPANCY = 0.5
+# A fully coalesced load of 4-byte elements uses all 32 bytes of each sector it fetches; a
+# stride-2 access uses half. Below half, most of the fetched bytes are thrown away.
+LOW_SECTOR_USE_PCT = 50.0
+# ncu's Speed Of Light section calls a unit the bottleneck from about 60% of its peak.
+BUSY_PCT = 60.0
 
 NEAR_FLOOR_CODE = "memory-bound near floor"
 SPILLING = "spilling"
@@ -47,8 +59,11 @@ REGISTER_LIMITED = "register-limited occupancy"
 SHARED_LIMITED = "shared-memory-limited occupancy"
 NARROW_LOADS = "narrow loads"
 LATENCY_BOUND = "latency-bound: too little work in flight"
-CODES = (NEAR_FLOOR_CODE, SPILLING, REGISTER_LIMITED, SHARED_LIMITED, NARROW_LOADS,
-         LATENCY_BOUND)
+UNCOALESCED = "uncoalesced access"
+COMPUTE_BOUND = "compute-bound"
+EXCESS_TRAFFIC = "excess memory traffic"
+CODES = (NEAR_FLOOR_CODE, SPILLING, UNCOALESCED, REGISTER_LIMITED, SHARED_LIMITED,
+         COMPUTE_BOUND, EXCESS_TRAFFIC, NARROW_LOADS, LATENCY_BOUND)
 
 
 @dataclass(frozen=True)
@@ -150,25 +165,67 @@ def narrow_loads(report: KernelReport) -> str | None:
     return f"none of {narrow} global load instructions moves 16 bytes"
 
 
+def measured(kernel: KernelCounters) -> str:
+    """The counters in a few words: "DRAM 41%, SM 12% of peak, occupancy 38%, L2 hit 52%"."""
+    parts = [f"{label} {value:.0f}%" for label, value in (
+        ("DRAM", kernel.dram_pct), ("SM", kernel.sm_pct))
+        if value is not None]
+    text = (", ".join(parts) + " of peak") if parts else ""
+    for label, value in (("achieved occupancy", kernel.achieved_occupancy_pct),
+                         ("L2 hit", kernel.l2_hit_pct)):
+        if value is not None:
+            text += f", {label} {value:.0f}%"
+    stalls = kernel.top_stalls(2)
+    if stalls:
+        text += "; warps stall most on " + " and ".join(
+            f"{reason} ({share:.0%})" for reason, share in stalls)
+    return f"{kernel.name[:60]}: {text.lstrip(', ')}"
+
+
+def counter_rule(kernel: KernelCounters, latency_ms: float | None, floor_ms: float | None
+                 ) -> tuple[str, str] | None:
+    """Uncoalesced access, compute-bound or excess traffic, read from the counters."""
+    if kernel.sector_use_pct is not None and kernel.sector_use_pct < LOW_SECTOR_USE_PCT:
+        return UNCOALESCED, (f"global loads use {kernel.sector_use_pct:.0f}% of each 32-byte "
+                             f"sector they fetch; {measured(kernel)}")
+    dram, sm = kernel.dram_pct or 0.0, kernel.sm_pct or 0.0
+    if sm >= BUSY_PCT and dram < BUSY_PCT:
+        return COMPUTE_BOUND, f"the SM pipelines, not DRAM, are the limit; {measured(kernel)}"
+    if dram >= BUSY_PCT and latency_ms and floor_ms:
+        return EXCESS_TRAFFIC, (f"DRAM is busy, yet the kernel runs at "
+                                f"{floor_ms / latency_ms:.0%} of the byte floor: it moves more "
+                                f"bytes than the problem needs; {measured(kernel)}")
+    return None
+
+
 def diagnose(report: KernelReport | None, latency_ms: float | None, floor_ms: float | None,
-             baseline_ms: float | None = None) -> Diagnosis:
+             baseline_ms: float | None = None, counters: CounterReport | None = None
+             ) -> Diagnosis:
     """The first rule that applies. Without a latency (not timed on a GPU) or a floor, only the
-    report's rules can; without a report, only the floor's."""
+    report's and the counters' rules can; without a report, only the floor's; without counters
+    (none asked for, or ncu could not read them), the rules that need them are skipped."""
     report = report or KernelReport()
+    kernel = counters.dominant if counters is not None else None
     timed = bool(latency_ms and floor_ms)
     when = f"; {timing(latency_ms, floor_ms, baseline_ms)}" if timed else ""
+    seen = f"; {measured(kernel)}" if kernel is not None else ""
     if timed and floor_ms / latency_ms >= NEAR_FLOOR:
         return Diagnosis(NEAR_FLOOR_CODE, f"{timing(latency_ms, floor_ms, baseline_ms)}; "
-                                          f"{resources(report)}")
+                                          f"{resources(report)}{seen}")
     if (spilled := spilling(report)) is not None:
         return Diagnosis(SPILLING, spilled + when)
-    if (found := limited(report)) is not None:
+    found = counter_rule(kernel, latency_ms, floor_ms) if kernel is not None else None
+    if found is not None and found[0] == UNCOALESCED:
+        return Diagnosis(found[0], found[1] + when)
+    if (occupancy_limit := limited(report)) is not None:
+        return Diagnosis(occupancy_limit[0], occupancy_limit[1] + when + seen)
+    if found is not None:
         return Diagnosis(found[0], found[1] + when)
     if (narrow := narrow_loads(report)) is not None:
-        return Diagnosis(NARROW_LOADS, f"{narrow}; {resources(report)}{when}")
-    if timed:
-        return Diagnosis(LATENCY_BOUND, f"{timing(latency_ms, floor_ms, baseline_ms)} with "
-                                        f"{resources(report)}")
+        return Diagnosis(NARROW_LOADS, f"{narrow}; {resources(report)}{when}{seen}")
+    if timed or kernel is not None:
+        where = timing(latency_ms, floor_ms, baseline_ms) if timed else "not timed on a GPU"
+        return Diagnosis(LATENCY_BOUND, f"{where} with {resources(report)}{seen}")
     return Diagnosis()
 
 

@@ -19,7 +19,7 @@ from torch.utils._pytree import tree_map
 
 from core.correctness import TOLERANCES, compare_outputs, tolerance_name
 from core.eval_config import EvalConfig
-from core.eval_timing import time_model
+from core.eval_timing import device_lock_path, exclusive_device, time_model
 from core.install import InstalledModel, SiteKernel, install
 from core.progress import Progress
 
@@ -139,8 +139,9 @@ class EndToEndCheck:
 
     def time(self, run: Callable) -> float:
         config = self.config
-        stats = time_model(run, self.input_sets, torch.device(self.device),
-                           config.warmup_count, config.trial_count, config.warmup_time_ms)
+        with exclusive_device(config.gpu_lock or device_lock_path(self.device)):
+            stats = time_model(run, self.input_sets, torch.device(self.device),
+                               config.warmup_count, config.trial_count, config.warmup_time_ms)
         return stats.median_ms
 
     def _install(self, gains: list[SiteGain], rest: str) -> InstalledModel:

@@ -38,6 +38,11 @@ class EvalConfig:
     reverify_above: float = 10.0
     rotation_budget_bytes: int = 1 << 30
     gpu_lock: str | None = None
+    # Hardware counters (Nsight Compute) for the candidate after it is timed; asked for by the
+    # search for its best few candidates, not for every one. ncu replays each kernel some 40
+    # times and starts its own Python: 9 s per candidate on an H200.
+    counters: bool = False
+    counters_timeout_s: float = 120.0
     # Which GPUs (torch's indices in the launching process) evaluation workers are spread over;
     # None: every GPU torch sees.
     gpus: tuple[int, ...] | None = None
@@ -52,6 +57,11 @@ class EvalConfig:
             self.gpus = tuple(self.gpus)
             if not self.gpus or len(set(self.gpus)) < len(self.gpus):
                 raise ValueError(f"gpus must name distinct GPUs, not {self.gpus!r}")
+
+    def with_counters(self) -> EvalConfig:
+        """This config, asking for hardware counters, with the run's time limit grown to fit."""
+        return dataclasses.replace(self, counters=True,
+                                   run_timeout_s=self.run_timeout_s + self.counters_timeout_s)
 
     @property
     def warmup_count(self) -> int:

@@ -132,9 +132,12 @@ class Evaluator:
     def evaluate(self, problem_path: str | Path, candidate_source: str) -> Verdict:
         return self.evaluate_many([(problem_path, candidate_source)])[0]
 
-    def evaluate_many(self, items: Sequence[tuple[str | Path, str]]) -> list[Verdict]:
-        """Verdicts in the order of `items`, keeping every worker busy."""
-        return self.pool.map([job(path, source, self.config) for path, source in items])
+    def evaluate_many(self, items: Sequence[tuple[str | Path, str]], counters: bool = False
+                      ) -> list[Verdict]:
+        """Verdicts in the order of `items`, keeping every worker busy. `counters`: with
+        hardware counters (`core.counters`) for each, which takes seconds a candidate."""
+        config = self.config.with_counters() if counters else self.config
+        return self.pool.map([job(path, source, config) for path, source in items])
 
 
 _shared: dict[str, Evaluator] = {}
@@ -162,6 +165,10 @@ def describe(verdict: Verdict) -> str:
                      f"stdev {verdict.latency_stdev_ms:.4f}), baseline {verdict.baseline_ms:.4f}"
                      f" ms, speedup {verdict.speedup:.2f}x on {verdict.timing_device}"
                      f"{' [flagged: re-verified]' if verdict.flagged else ''}")
+    if verdict.diagnosis:
+        lines.append(f"diagnosis: {verdict.diagnosis}")
+    if verdict.counters is not None and not verdict.counters.get("kernels"):
+        lines += [f"no hardware counters: {note}" for note in verdict.counters.get("notes", [])]
     if verdict.library_ops:
         lines.append(f"library ops: {', '.join(verdict.library_ops)}")
     if verdict.compile_log:
@@ -179,6 +186,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=None, help="timing trials")
     parser.add_argument("--seed", type=int, default=0, help="first of the correctness seeds")
     parser.add_argument("--json", action="store_true", help="print the verdict as one JSON object")
+    parser.add_argument("--counters", action="store_true",
+                        help="read the candidate's hardware counters with Nsight Compute (GPU)")
     args = parser.parse_args(argv)
     source = read_source(args.candidate, "candidate")
     check_candidate_source(source, args.candidate)
@@ -186,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = EvalConfig(seeds=(args.seed, args.seed + 1, args.seed + 2), trials=args.trials,
                         **({"device": args.device} if args.device else {}))
     with Evaluator(config, workers=1) as evaluator:
-        verdict = evaluator.evaluate(args.problem, source)
+        verdict = evaluator.evaluate_many([(args.problem, source)], counters=args.counters)[0]
     print(verdict.to_json() if args.json else describe(verdict))
     return 0 if verdict.accepted else 1
 

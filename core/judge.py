@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import traceback
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,9 +28,10 @@ from core.correctness import (
     outputs_identical,
     tolerance_name,
 )
+from core.counters import collect
 from core.diagnosis import byte_floor_ms, diagnose
 from core.eval_config import EvalConfig
-from core.eval_timing import clone_inputs, exclusive_device, rotation_copies, time_model
+from core.eval_timing import DeviceLock, clone_inputs, rotation_copies, time_model
 from core.kernel_report import candidate_report
 from core.problem_loader import Problem, import_file, load_problem, write_candidate
 from core.timing import TimingStats, synchronize
@@ -110,6 +112,8 @@ class Judge:
         self.problem_key: tuple[str, int] | None = None
         self.problem: Problem | None = None
         self.inputs: dict[str, list[object]] = {}
+        self.lock = DeviceLock(None)
+        self.holds = ExitStack()
 
     def load(self, path: str, device: torch.device) -> Problem:
         resolved = Path(path).resolve()
@@ -132,9 +136,11 @@ class Judge:
         problem = self.load(problem_path, device)
         candidate_path, module_name = write_candidate(source, self.workdir)
         verdict = Verdict(timing_device=timing_label(device))
+        self.lock, self.holds = DeviceLock(config.gpu_lock), ExitStack()
         try:
-            self.run_checks(verdict, problem, candidate_path, module_name, config, anchors,
-                            on_phase)
+            with self.holds:
+                self.run_checks(verdict, problem, candidate_path, module_name, config,
+                                anchors, on_phase)
         except Rejected as rejection:
             verdict.reason_code, verdict.reason = rejection.code, rejection.reason
             verdict.compile_log = rejection.log
@@ -172,6 +178,10 @@ class Judge:
                                            candidate_path, previous=trials)
                 if not trials:
                     on_phase("compiled")
+                    # The first trial compiled the candidate (seconds of CPU work) without the
+                    # device lock; from here on its kernels only run: they share the device with
+                    # other checks, never with a timing.
+                    self.holds.enter_context(self.lock.shared())
                 trials.append(trial)
                 verdict.trials_checked.append(label)
                 record_errors(verdict, trial.comparison)
@@ -189,8 +199,16 @@ class Judge:
             self.reverify(verdict, models, device, config, anchors, candidate_path)
         # Latencies measured on the CPU say nothing about a GPU's byte floor.
         gpu_latency = verdict.latency_ms if device.type == "cuda" else None
+        counters = None
+        if config.counters:
+            # The profiled program takes the device lock itself, alone, around the forward
+            # that ncu replays: those kernels must not overlap anyone's, nor anyone's them.
+            with self.lock.released():
+                counters = collect(problem.path, candidate_path, config.seeds[0],
+                                   config.counters_timeout_s, device.type, config.gpu_lock)
+            verdict.counters = counters.to_dict()
         verdict.diagnosis = str(diagnose(report, gpu_latency, byte_floor_ms(
-            trials[0].pristine, trials[0].reference_out), verdict.baseline_ms))
+            trials[0].pristine, trials[0].reference_out), verdict.baseline_ms, counters))
         after_seed = max(config.seeds) + 1
         try:
             with torch.no_grad():
@@ -229,7 +247,7 @@ class Judge:
         copies = rotation_copies(pristine, device, config.rotation_budget_bytes // 2)
         base_sets = [clone_inputs(pristine) for _ in range(copies)]
         cand_sets = [clone_inputs(pristine) for _ in range(copies)]
-        with exclusive_device(config.gpu_lock):
+        with self.lock.exclusive():
             base = time_model(models.reference, base_sets, device, config.warmup_count,
                               config.trial_count, config.warmup_time_ms)
             cand = time_model(models.candidate, cand_sets, device, config.warmup_count,

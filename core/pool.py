@@ -9,9 +9,10 @@ On CUDA the workers are spread over the GPUs round robin: worker `i` of `n` runs
 `gpus[i % len(gpus)]`, pinned to it by `CUDA_VISIBLE_DEVICES` in its environment (so inside
 the worker it is `cuda:0`). `gpus` is `EvalConfig.gpus`, else every GPU torch sees. Five
 workers on two GPUs put three on the first and two on the second; one worker on two GPUs
-uses only the first. Timing takes turns through one file lock per GPU, so concurrent work
-never inflates a measurement while different GPUs time in parallel. On the CPU there is one
-lock and no pinning. Results go back to the caller, which alone writes the store.
+uses only the first. Timing takes turns through one file lock per GPU of the machine, shared
+with every other Kiln process (`core.eval_timing.device_lock_path`), so concurrent work, of this
+run or another, never inflates a measurement while different GPUs time in parallel. On the CPU
+there is one lock and no pinning. Results go back to the caller, which alone writes the store.
 """
 
 from __future__ import annotations
@@ -19,18 +20,16 @@ from __future__ import annotations
 import dataclasses
 import os
 import queue
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import torch
 
 from core.errors import KilnInputError
 from core.eval_config import EvalConfig
+from core.eval_timing import device_lock_path, physical_gpu
 from core.verdict import Verdict
 from core.worker import Request, Worker
 
@@ -53,16 +52,8 @@ def pool_gpus(config: EvalConfig, device_count: Callable[[], int] = torch.cuda.d
 
 
 def pinning_env(gpu: int, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """The environment that pins a worker to torch's GPU `gpu` of this process.
-
-    When this process itself sees a subset of the machine (CUDA_VISIBLE_DEVICES=2,3), torch's
-    index 1 is the machine's GPU 3: the worker must be given 3.
-    """
-    visible = environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None or not visible.strip():
-        return {"CUDA_VISIBLE_DEVICES": str(gpu)}
-    names = [name.strip() for name in visible.split(",") if name.strip()]
-    return {"CUDA_VISIBLE_DEVICES": names[gpu]}
+    """The environment that pins a worker to torch's GPU `gpu` of this process."""
+    return {"CUDA_VISIBLE_DEVICES": physical_gpu(gpu, environ)}
 
 
 def slot_gpus(workers: int, gpus: Sequence[int]) -> list[int | None]:
@@ -78,7 +69,6 @@ class WorkerPool:
         if workers < 1:
             raise ValueError("a pool needs at least one worker")
         self.config = config
-        self.folder = Path(tempfile.mkdtemp(prefix="kiln-pool-"))
         self.size = workers
         self.gpus = pool_gpus(config, device_count)
         self.slot_gpu = slot_gpus(workers, self.gpus)
@@ -87,9 +77,10 @@ class WorkerPool:
         self.guard = threading.Lock()
 
     def lock_path(self, slot: int) -> str:
-        """The timing lock of the slot's device: one per GPU, one for the CPU."""
+        """The timing lock of the slot's device: one per GPU of the machine, one for the CPU."""
         gpu = self.slot_gpu[slot]
-        return str(self.folder / ("device.lock" if gpu is None else f"gpu{gpu}.lock"))
+        return device_lock_path(self.config.device,
+                                None if gpu is None else physical_gpu(gpu))
 
     def worker_env(self, slot: int) -> dict[str, str]:
         gpu = self.slot_gpu[slot]
@@ -139,4 +130,3 @@ class WorkerPool:
         for worker in self.workers:
             if worker is not None:
                 worker.close()
-        shutil.rmtree(self.folder, ignore_errors=True)

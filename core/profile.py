@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from core.capture import Capture, Mark
+from core.eval_timing import device_lock_path, exclusive_device
 from core.load import LoadedModel
 from core.sites import SiteTable
 from core.timing import TimingStats, synchronize, time_once
@@ -143,7 +144,8 @@ def profile_model(loaded: LoadedModel, capture: Capture, table: SiteTable,
     samples: dict[str, list[float]] = {"latency": [], "eager": [], "captured": []}
     trials: list[dict[str, float]] = []
     total = config.warmup + config.trials
-    with torch.no_grad():
+    # Other Kiln processes on this machine wait while the forwards are timed.
+    with torch.no_grad(), exclusive_device(device_lock_path(device.type)):
         queue.fit(max(_enqueue_ms(eager, device), _enqueue_ms(captured, device)))
         for i in range(total):
             latency = time_once(eager, device)

@@ -166,9 +166,7 @@ class RayEvaluator:
         worker died."""
         return self.judges_replaced + self.retries
 
-    @property
-    def deadline_s(self) -> float:
-        config = self.config
+    def deadline_s(self, config: EvalConfig) -> float:
         return (config.startup_timeout_s + config.compile_timeout_s + config.run_timeout_s
                 + SCHEDULING_SLACK_S)
 
@@ -184,15 +182,18 @@ class RayEvaluator:
     def evaluate(self, problem_path: str | Path, candidate_source: str) -> Verdict:
         return self.evaluate_many([(problem_path, candidate_source)])[0]
 
-    def evaluate_many(self, items: Sequence[tuple[str | Path, str]]) -> list[Verdict]:
+    def evaluate_many(self, items: Sequence[tuple[str | Path, str]], counters: bool = False
+                      ) -> list[Verdict]:
         """Verdicts in the order of `items`; at most one task per GPU in flight, so a task's
-        deadline counts from when it can start."""
+        deadline counts from when it can start. `counters`: with hardware counters."""
         ray = self.ray
+        config = self.config.with_counters() if counters else self.config
+        deadline_s = self.deadline_s(config)
         results: list[Verdict | None] = [None] * len(items)
         requests: dict[int, Request] = {}
         for index, (path, source) in enumerate(items):
             began = time.monotonic()
-            screened = screen(path, source, self.config)
+            screened = screen(path, source, config)
             if isinstance(screened, Verdict):
                 screened.eval_seconds = time.monotonic() - began
                 results[index] = screened
@@ -209,7 +210,7 @@ class RayEvaluator:
                 ref = self.task.remote(request.__dict__,
                                        self.files_ref(Path(request.problem_path)))
                 running[ref] = (index, time.monotonic())
-            next_deadline = min(at for _, at in running.values()) + self.deadline_s
+            next_deadline = min(at for _, at in running.values()) + deadline_s
             ready, _ = ray.wait(list(running), num_returns=1,
                                 timeout=max(0.0, next_deadline - time.monotonic()))
             if not ready:
@@ -217,7 +218,7 @@ class RayEvaluator:
                 index, submitted = running.pop(ref)
                 ray.cancel(ref, force=True)
                 results[index] = Verdict.rejected(
-                    Reason.TIMEOUT, f"no verdict from the Ray cluster within {self.deadline_s:g}"
+                    Reason.TIMEOUT, f"no verdict from the Ray cluster within {deadline_s:g}"
                     "s; the task was cancelled", timed_out=True)
                 results[index].eval_seconds = time.monotonic() - submitted
                 continue

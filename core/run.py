@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from core.best_counters import profile_best
 from core.e2e import EndToEnd, EndToEndCheck, SiteGain
 from core.errors import KilnInputError
 from core.evaluate import EvalConfig, Evaluator, Verdict
@@ -57,6 +58,10 @@ class OptimizeConfig:
     llm: LlmConfig = LlmConfig()
     site_compile: bool = True  # time each searched site under torch.compile as well as eager
     e2e: bool = True  # install the winners and check and time the whole model
+    # Diagnoses (from kernel reports, timing and counters) steer the generators; off, they see
+    # only verdicts and timings.
+    feedback: bool = True
+    counters: int = 0  # per site, the best kernels to read hardware counters for (0: none)
 
 
 @dataclass(eq=False)
@@ -66,6 +71,8 @@ class SiteRun:
     search: SiteSearch
     tiers: tuple[str, ...]
     verdicts: dict[int, Verdict] = field(default_factory=dict)  # by id() of the proposal
+    stored: dict[int, Verdict] = field(default_factory=dict)  # by candidate id
+    profiled: set[int] = field(default_factory=set)  # candidate ids with counters
     eager_ms: float | None = None
     compile_ms: float | None = None
 
@@ -99,11 +106,11 @@ class SiteRun:
         return max(0.0, 1.0 - floor / best) if best > 0 else 0.0
 
 
-def feedback_of(verdict: Verdict, floor_ms: float) -> Feedback:
+def feedback_of(verdict: Verdict, floor_ms: float, diagnosis: bool = True) -> Feedback:
     return Feedback(accepted=verdict.accepted, reason=verdict.reason,
                     latency_ms=verdict.latency_ms, baseline_ms=verdict.baseline_ms,
                     floor_ms=floor_ms, compile_log=verdict.compile_log,
-                    diagnosis=verdict.diagnosis)
+                    diagnosis=verdict.diagnosis if diagnosis else "")
 
 
 def _versions() -> dict[str, str]:
@@ -173,7 +180,7 @@ class OptimizeRun:
             for proposal, verdict in zip(proposals, verdicts, strict=True):
                 run.verdicts[id(proposal)] = verdict
                 run.note_baseline(verdict.baseline_ms)
-            return [feedback_of(v, site.cost.floor_ms) for v in verdicts]
+            return [feedback_of(v, site.cost.floor_ms, self.config.feedback) for v in verdicts]
 
         def record(node: Node) -> None:
             run = holder["run"]
@@ -186,7 +193,8 @@ class OptimizeRun:
                     source=proposal.source, settings=proposal.settings,
                     llm_call_id=proposal.llm_call_id)
                 node.candidate_id = new.id
-                self.store.add_verdict(new.id, run.verdicts.pop(id(proposal)))
+                run.stored[new.id] = run.verdicts.pop(id(proposal))
+                self.store.add_verdict(new.id, run.stored[new.id])
 
         repairable = self.generator.can_repair if isinstance(self.generator, Repairer) \
             else None
@@ -255,7 +263,7 @@ class OptimizeRun:
                 self._baselines(runs, stored, eval_config)
                 if state is not None:
                     self._restore(runs, state.candidates, evaluator)
-                self._search(runs, total)
+                self._search(runs, total, evaluator)
             e2e = self._end_to_end(profiled, runs, total) if config.e2e else None
         except BaseException:
             self.store.finish_run(run_id, status="failed")
@@ -329,14 +337,38 @@ class OptimizeRun:
                 self.store.add_verdict(candidate.id, verdict)
             else:
                 verdict = Verdict.from_dict(candidate.verdict)
-            feedback = feedback_of(verdict, run.site.cost.floor_ms)
+            feedback = feedback_of(verdict, run.site.cost.floor_ms, self.config.feedback)
             run.note_baseline(verdict.baseline_ms)
+            run.stored[candidate.id] = verdict
+            if verdict.counters is not None:
+                run.profiled.add(candidate.id)
             parent = nodes.get(candidate.summary.parent_id, run.search.root)
             nodes[candidate.id] = run.search.adopt(parent, proposal, feedback, candidate.id)
             if proposal.tier == "cuda":
                 run.tiers = ("triton", "cuda")
 
-    def _search(self, runs: list[SiteRun], total_ms: float) -> None:
+    def _counters(self, run: SiteRun, evaluator: Evaluator | RayEvaluator) -> None:
+        """Hardware counters for the site's best few kernels, once each."""
+        if not (self.config.counters and self.config.feedback):
+            return
+        problem = run.site.folder / "problem.py"
+        verdicts = profile_best(
+            run.search, self.config.counters, run.profiled, run.stored,
+            lambda nodes: evaluator.evaluate_many(
+                [(problem, n.proposal.source) for n in nodes], counters=True),
+            self.store.add_verdict)
+        read = [v for v in verdicts if v.counters and v.counters["kernels"]]
+        if read:
+            self.progress.step(f"{run.site.key}: hardware counters read for {len(read)} of its "
+                               "best kernels")
+        if len(read) < len(verdicts):
+            missing = next(v for v in verdicts if v not in read)
+            notes = (missing.counters or {}).get("notes") or ["(no note)"]
+            self.progress.step(f"{run.site.key}: no hardware counters for "
+                               f"{len(verdicts) - len(read)} kernel(s): {notes[0]}")
+
+    def _search(self, runs: list[SiteRun], total_ms: float,
+                evaluator: Evaluator | RayEvaluator) -> None:
         while not self._out_of_budget():
             for run in runs:
                 if run.search.done:
@@ -348,6 +380,7 @@ class OptimizeRun:
             limit = self.config.max_candidates - self.evaluated
             done = run.search.step(limit=limit)
             self.evaluated += done
+            self._counters(run, evaluator)
             best = run.search.best
             speed = run.search.baseline_ms / best.latency_ms if best else 1.0
             self.progress.step(
@@ -396,7 +429,8 @@ def run_settings(config: OptimizeConfig) -> dict[str, object]:
             "tiers": list(config.tiers), "sites": config.sites,
             "budget_minutes": config.budget_minutes, "max_candidates": config.max_candidates,
             "cuda_share": config.cuda_share, "search_seed": config.search.seed,
-            "strategy": config.search.strategy,
+            "strategy": config.search.strategy, "feedback": config.feedback,
+            "counters": config.counters,
             "generator": ",".join(config.generators), "llm_model": config.llm.model}
 
 

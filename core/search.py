@@ -123,11 +123,12 @@ class SiteSearch:
     def select(self, taken: set[Node]) -> Node | None:
         """The node to expand next; None when no node anywhere can take another child."""
         if self.config.strategy == "random":
-            growing = [n for n in self._nodes() if self._can_grow(n) and n not in taken]
+            growing = [n for n in self.nodes() if self._can_grow(n) and n not in taken]
             return self.random.choice(growing) if growing else None
         return self._select(self.root, taken)
 
-    def _nodes(self) -> list[Node]:
+    def nodes(self) -> list[Node]:
+        """Every node of the tree, the root first, depth first."""
         found, stack = [], [self.root]
         while stack:
             node = stack.pop()

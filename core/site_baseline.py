@@ -13,7 +13,13 @@ from pathlib import Path
 import torch
 
 from core.eval_config import EvalConfig
-from core.eval_timing import clone_inputs, exclusive_device, rotation_copies, time_model
+from core.eval_timing import (
+    clone_inputs,
+    device_lock_path,
+    exclusive_device,
+    rotation_copies,
+    time_model,
+)
 from core.judge import to_device
 from core.problem_loader import load_problem
 
@@ -40,7 +46,7 @@ def time_site(problem_path: Path, config: EvalConfig) -> SiteBaseline:
     compiled = torch.compile(model, dynamic=False)
     with torch.no_grad():
         compiled(*input_sets[0])  # compiled here, not inside the timing
-    with exclusive_device(config.gpu_lock):
+    with exclusive_device(config.gpu_lock or device_lock_path(config.device)):
         times = [time_model(run, input_sets, device, config.warmup_count, config.trial_count,
                             config.warmup_time_ms).median_ms for run in (model, compiled)]
     return SiteBaseline(eager_ms=times[0], compile_ms=times[1])

@@ -47,7 +47,9 @@ class Verdict:
     the reference output's largest magnitude; the candidate is correct when it stays within
     `tolerance`. Latencies are medians in milliseconds on `timing_device`. `kernel_report` is
     what the compiler made of the candidate's kernels (`core.kernel_report.KernelReport` as a
-    dict) and `diagnosis` the one line `core.diagnosis` drew from it and the timing.
+    dict), `counters` the hardware counters Nsight Compute read for it when they were asked for
+    (`core.counters.CounterReport` as a dict), and `diagnosis` the one line `core.diagnosis`
+    drew from them and the timing.
     """
 
     compiled: bool = False
@@ -78,6 +80,7 @@ class Verdict:
     timed_out: bool = False
     eval_seconds: float = 0.0
     kernel_report: dict[str, Any] | None = None
+    counters: dict[str, Any] | None = None
     diagnosis: str = ""
 
     def to_dict(self) -> dict[str, Any]:

@@ -97,7 +97,8 @@ def describe_feedback(feedback: Feedback | None) -> str:
                      f"{feedback.floor_ms:.4f} ms{where}")
     if feedback.diagnosis:
         lines.append(f"Diagnosis (from the compiler's register, spill, shared-memory and load "
-                     f"figures, and the timing): {feedback.diagnosis}")
+                     f"figures, the timing and, where read, Nsight Compute's hardware "
+                     f"counters): {feedback.diagnosis}")
     if feedback.compile_log:
         log = feedback.compile_log[:LOG_LIMIT]
         lines.append(f"Compiler output:\n```\n{log}\n```")

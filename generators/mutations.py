@@ -10,11 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 from core.diagnosis import (
+    COMPUTE_BOUND,
+    EXCESS_TRAFFIC,
     LATENCY_BOUND,
     NARROW_LOADS,
     REGISTER_LIMITED,
     SHARED_LIMITED,
     SPILLING,
+    UNCOALESCED,
     diagnosis_code,
 )
 
@@ -87,7 +90,10 @@ WHY_DOWN: dict[str, str] = {
 # direct first. Spills and register-bound occupancy: fewer values live per thread (smaller tiles,
 # fewer rows, narrower vectors, or more warps sharing one Triton block). Shared memory: fewer
 # stages and smaller tiles. Too little in flight: more work per program and more programs.
-# Narrow loads: wider vectors, wider column tiles.
+# Narrow loads and uncoalesced access: wider vectors, wider tiles along the contiguous
+# dimension. Compute-bound: larger matrix tiles that reuse each load more, more warps to issue
+# the math. Excess traffic: larger matrix tiles (each operand is read fewer times), fewer
+# partial results.
 _FEWER_REGISTERS = (("block", -1), ("tile", -1), ("rows", -1), ("rows_per_block", -1),
                     ("block_m", -1), ("block_n", -1), ("block_k", -1), ("block_r", -1),
                     ("block_i", -1), ("num_warps", 1), ("vector_bytes", -1),
@@ -102,6 +108,9 @@ PREFERRED: dict[str, tuple[tuple[str, int], ...]] = {
                     ("split", 1), ("num_warps", 1), ("threads", 1), ("block_i", 1),
                     ("block_r", 1), ("tile", 1)),
     NARROW_LOADS: (("vector_bytes", 1), ("block_i", 1), ("block", 1)),
+    UNCOALESCED: (("vector_bytes", 1), ("block_i", 1), ("block", 1)),
+    COMPUTE_BOUND: (("block_m", 1), ("block_n", 1), ("num_warps", 1), ("threads", 1)),
+    EXCESS_TRAFFIC: (("block_m", 1), ("block_n", 1), ("split", -1), ("rows_per_block", 1)),
 }
 
 

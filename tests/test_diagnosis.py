@@ -133,7 +133,7 @@ def test_the_code_is_read_back_from_the_stored_line(code):
 
 
 def test_unknown_and_empty_lines_have_no_code():
-    assert diagnosis_code("") == "" and diagnosis_code("compute-bound: who knows") == ""
+    assert diagnosis_code("") == "" and diagnosis_code("thermally throttled: who knows") == ""
 
 
 def test_the_byte_floor_counts_broadcast_inputs_once():

@@ -31,6 +31,15 @@ def test_an_accepted_candidate_prints_one_json_verdict_and_exits_0():
     assert verdict["trials_checked"][:3] == ["seed 5", "seed 6", "seed 7"]
 
 
+def test_counters_asked_for_on_the_cpu_say_why_there_are_none():
+    result = run(PROBLEM, str(DATA / "good_pointwise.py"), "--device", "cpu", "--trials", "2",
+                 "--counters")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("accepted")
+    assert ("no hardware counters: hardware counters need a CUDA device; this run is on cpu"
+            in result.stdout.splitlines())
+
+
 def test_a_rejected_candidate_exits_1_with_the_reason():
     result = run(PROBLEM, str(DATA / "bad_stream.py"), "--device", "cpu")
     assert result.returncode == 1

@@ -8,12 +8,15 @@ from pathlib import Path
 import pytest
 
 from core.diagnosis import (
+    COMPUTE_BOUND,
+    EXCESS_TRAFFIC,
     LATENCY_BOUND,
     NARROW_LOADS,
     NEAR_FLOOR_CODE,
     REGISTER_LIMITED,
     SHARED_LIMITED,
     SPILLING,
+    UNCOALESCED,
 )
 from generators.base import Feedback, Parent, Proposal
 from generators.cuda_pointwise import CudaPointwiseConfig, write_cuda_pointwise
@@ -109,10 +112,23 @@ def test_shared_memory_limited_matmuls_drop_a_stage_first():
     assert second.settings == MatmulConfig(num_stages=4, block_k=32)
 
 
+@pytest.mark.parametrize("code,settings,knob,value", [
+    (UNCOALESCED, CudaPointwiseConfig(vector_bytes=8), "vector_bytes", 16),
+    (COMPUTE_BOUND, MatmulConfig(block_m=64, block_n=64), "block_m", 128),
+    (COMPUTE_BOUND, PointwiseConfig(block=1024, num_warps=4), "num_warps", 8),
+    (EXCESS_TRAFFIC, MatmulConfig(block_m=64, block_n=64), "block_m", 128),
+])
+def test_counter_diagnoses_pick_their_first_step(code, settings, knob, value):
+    (first, *_) = diagnosed_neighbours(settings, f"{code}: DRAM 85%, SM 20% of peak")
+    assert getattr(first.settings, knob) == value, first.rationale
+    assert first.rationale.endswith(f"(the parent: {code})")
+
+
 def test_the_refinement_prompt_carries_the_diagnosis():
     line = f"{SPILLING}: _pointwise: a 64-byte stack frame per thread at 255 registers"
     text = describe_feedback(Feedback(accepted=True, latency_ms=0.05, floor_ms=0.01,
                                       diagnosis=line))
     assert text.splitlines()[-1] == ("Diagnosis (from the compiler's register, spill, "
-                                     "shared-memory and load figures, and the timing): " + line)
+                                     "shared-memory and load figures, the timing and, where "
+                                     "read, Nsight Compute's hardware counters): " + line)
     assert "Diagnosis" not in describe_feedback(Feedback(accepted=True, latency_ms=0.05))

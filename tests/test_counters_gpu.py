@@ -1,0 +1,60 @@
+"""Hardware counters on a real GPU: Nsight Compute reads a Triton kernel's counters, the judge
+stores them, and the diagnosis uses them. Needs an NVIDIA GPU and ncu."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from core.counters import CounterReport, collect, find_ncu
+from core.evaluate import EvalConfig, Evaluator
+from generators.site_graph import load_site_graph
+from generators.triton_pointwise import PointwiseConfig, write_pointwise
+
+pytestmark = pytest.mark.gpu
+
+
+def pointwise_site(folder: Path) -> tuple[Path, str]:
+    path = folder / "problem.py"
+    path.write_text("import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
+                    "    def forward(self, x):\n        return torch.relu(x * 2.0)\n\n\n"
+                    "def get_inputs():\n    return [torch.randn(8192, 8192)]\n\n\n"
+                    "def get_init_inputs():\n    return []\n")
+    return path, write_pointwise(load_site_graph(path), PointwiseConfig(block=4096, num_warps=8))
+
+
+@pytest.fixture(scope="module")
+def ncu() -> str:
+    found = find_ncu()
+    if found is None:
+        pytest.skip("Nsight Compute (ncu) is not installed here")
+    return found
+
+
+def test_ncu_reads_a_streaming_kernels_counters(tmp_path, ncu):
+    problem, source = pointwise_site(tmp_path)
+    candidate = tmp_path / "candidate.py"
+    candidate.write_text(source)
+    report = collect(problem, candidate, seed=0, timeout_s=120)
+    assert report.kernels, report.notes
+    kernel = report.dominant
+    assert kernel is not None and "pointwise" in kernel.name
+    # 512 MB moved by one streaming kernel: DRAM is the busy unit, every sector fully used.
+    assert kernel.dram_pct is not None and kernel.dram_pct > 50, kernel
+    assert kernel.sector_use_pct is not None and kernel.sector_use_pct > 90, kernel
+    assert 0 < (kernel.achieved_occupancy_pct or 0) <= 100, kernel
+    assert kernel.top_stalls(), kernel
+    assert report.seconds < 120
+
+
+def test_the_judge_keeps_counters_and_the_diagnosis_cites_them(tmp_path, ncu):
+    problem, source = pointwise_site(tmp_path)
+    with Evaluator(EvalConfig(device="cuda")) as evaluator:
+        plain, profiled = (evaluator.evaluate_many([(problem, source)], counters=flag)[0]
+                           for flag in (False, True))
+    assert plain.accepted and profiled.accepted, (plain.reason, profiled.reason)
+    assert plain.counters is None
+    report = CounterReport.from_dict(profiled.counters)
+    assert report.kernels, report.notes
+    assert "DRAM" in profiled.diagnosis, profiled.diagnosis

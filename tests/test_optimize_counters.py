@@ -1,0 +1,115 @@
+"""Hardware counters for each site's best kernels during a search, and the switch that turns
+feedback off: which kernels are profiled, what their stored verdict keeps, and a whole CPU run
+(where ncu has no GPU to read, so each profiled verdict carries the note instead)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+from core.best_counters import profile_best, unprofiled_best, with_counters
+from core.run import feedback_of
+from core.search import SiteSearch
+from core.verdict import Reason, Verdict
+from generators.base import Feedback, Proposal
+from tests.test_list_sites_cli import run_cli
+
+COUNTERS = {"kernels": [{"name": "k", "dram_pct": 88.0}], "notes": [], "seconds": 9.0}
+
+
+def tree(latencies: list[float | None]) -> SiteSearch:
+    """A site whose root has one child per latency (None: rejected), candidate ids 1, 2, ..."""
+    search = SiteSearch(1.0, 0.01, propose=None, evaluate=None, record=None)
+    for number, latency in enumerate(latencies, 1):
+        feedback = Feedback(accepted=latency is not None, latency_ms=latency, baseline_ms=1.0,
+                            diagnosis="latency-bound: at 5% of the byte floor")
+        search.adopt(search.root, Proposal(f"source {number}", "triton", "rules", ""), feedback,
+                     number)
+    return search
+
+
+def test_the_fastest_accepted_kernels_not_yet_profiled():
+    search = tree([0.5, None, 0.2, 0.3, 0.9])
+    assert [n.candidate_id for n in unprofiled_best(search, 3, set())] == [3, 4, 1]
+    assert [n.candidate_id for n in unprofiled_best(search, 3, {3})] == [4, 1]
+    assert unprofiled_best(search, 2, {3, 4}) == []
+
+
+def test_the_profiled_verdict_keeps_the_first_timing_and_takes_the_counters():
+    first = Verdict(accepted=True, latency_ms=0.2, diagnosis="latency-bound: old")
+    again = Verdict(accepted=True, latency_ms=0.21, counters=COUNTERS,
+                    diagnosis="excess memory traffic: DRAM 88%")
+    merged = with_counters(first, again)
+    assert (merged.latency_ms, merged.counters, merged.diagnosis) == (
+        0.2, COUNTERS, "excess memory traffic: DRAM 88%")
+    failed = with_counters(first, Verdict.rejected(Reason.TIMEOUT, "no verdict in 120s"))
+    assert failed.diagnosis == "latency-bound: old" and failed.latency_ms == 0.2
+    assert failed.counters["kernels"] == []
+    assert failed.counters["notes"][0].startswith("no counters: judged again to read them, it "
+                                                  "was rejected (timeout)")
+
+
+def test_profiling_stores_each_best_once_and_steers_its_children():
+    search = tree([0.5, 0.2, 0.3])
+    first = {i: Verdict(accepted=True, latency_ms=search_latency)
+             for i, search_latency in ((1, 0.5), (2, 0.2), (3, 0.3))}
+    judged: list[list[int]] = []
+    stored: dict[int, Verdict] = {}
+
+    def judge(nodes):
+        judged.append([n.candidate_id for n in nodes])
+        return [Verdict(accepted=True, latency_ms=9.9, counters=COUNTERS,
+                        diagnosis=f"excess memory traffic: kernel {n.candidate_id}")
+                for n in nodes]
+
+    profiled: set[int] = set()
+    verdicts = profile_best(search, 2, profiled, first, judge, stored.__setitem__)
+    assert judged == [[2, 3]] and sorted(stored) == [2, 3] and profiled == {2, 3}
+    assert [v.latency_ms for v in verdicts] == [0.2, 0.3]
+    node = next(n for n in search.nodes() if n.candidate_id == 2)
+    assert node.feedback.diagnosis == "excess memory traffic: kernel 2"
+    assert node.feedback.latency_ms == 0.2
+    assert profile_best(search, 2, profiled, first, judge, stored.__setitem__) == []
+    assert judged == [[2, 3]], "a kernel was profiled twice"
+
+
+def test_without_feedback_the_generator_sees_no_diagnosis():
+    verdict = Verdict(accepted=True, latency_ms=0.2, diagnosis="spilling: 64 bytes")
+    assert feedback_of(verdict, 0.1).diagnosis == "spilling: 64 bytes"
+    assert feedback_of(verdict, 0.1, diagnosis=False).diagnosis == ""
+    assert feedback_of(verdict, 0.1, diagnosis=False).latency_ms == 0.2
+
+
+def test_a_cpu_run_profiles_its_best_kernel_and_notes_why_there_are_no_counters(tmp_path):
+    db = tmp_path / "kiln.db"
+    result = run_cli("tests.models:make_mlp", "--device", "cpu", "--json", "--db", str(db),
+                     "--max-candidates", "4", "--sites", "1", "--workers", "1",
+                     "--trials", "2", "--warmup", "0", "--counters", "1", "--no-e2e",
+                     "--out", str(tmp_path / "out"))
+    assert result.returncode == 0, result.stderr
+    assert "no hardware counters for 1 kernel(s): hardware counters need a CUDA device" \
+        in result.stderr
+    rows = sqlite3.connect(db).execute(
+        "SELECT candidate_id, id, verdict FROM verdicts ORDER BY id").fetchall()
+    by_candidate: dict[int, list[dict]] = {}
+    for candidate, _, verdict in rows:
+        by_candidate.setdefault(candidate, []).append(json.loads(verdict))
+    twice = {c: v for c, v in by_candidate.items() if len(v) > 1}
+    assert twice, "no kernel was judged again for its counters"
+    accepted = [v[0] for v in by_candidate.values() if v[0]["accepted"]]
+    best = min(accepted, key=lambda v: v["latency_ms"])
+    for first, latest in twice.values():
+        assert first["counters"] is None and latest["latency_ms"] == first["latency_ms"]
+        assert latest["counters"]["notes"] == [
+            "hardware counters need a CUDA device; this run is on cpu"]
+    assert any(v[0]["latency_ms"] == best["latency_ms"] for v in twice.values())
+    config = json.loads(sqlite3.connect(db).execute("SELECT config FROM runs").fetchone()[0])
+    assert (config["counters"], config["feedback"]) == (1, True)
+
+
+def test_a_negative_counter_count_is_refused(tmp_path):
+    result = run_cli("tests.models:make_mlp", "--device", "cpu", "--counters", "-1",
+                     "--db", str(tmp_path / "kiln.db"))
+    assert result.returncode == 2
+    assert "--counters -1 is negative" in result.stderr
+    assert not (tmp_path / "kiln.db").exists()
