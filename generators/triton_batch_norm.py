@@ -15,13 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from generators.codegen import arg, indent
-from generators.expressions import tl_dtype
 from generators.site_graph import Ref, SiteGraph, Unsupported
 from generators.triton_group_norm import (
     ChannelSite,
     channel_site,
     elementwise_lines,
-    inputs_of,
+    normalized_output,
+    statistics_inputs,
     stride_args,
     stride_params,
     views,
@@ -207,8 +207,7 @@ def write_batch_norm(graph: SiteGraph, config: BatchNormConfig) -> str:
     r = site.anchor
     source = anchor.args[0]
     before = list(enumerate(graph.ops[:r]))
-    after = list(enumerate(graph.ops[r + 1:], r + 1))
-    stat_inputs = inputs_of(before) | ({source.index} if source.is_input else set())
+    stat_inputs = statistics_inputs(graph, r, source)
     stat_used = sorted(stat_inputs)
 
     value = {Ref(i, True): f"x{i}" for i in site.used}
@@ -216,12 +215,7 @@ def write_batch_norm(graph: SiteGraph, config: BatchNormConfig) -> str:
     stat_prologue = elementwise_lines(before, dict(value))
     loads = _tile_loads(site, set(site.used))
     prologue = elementwise_lines(before, value)
-    affine = (f" * {value[weight]}" if isinstance(weight, Ref) else "") + (
-        f" + {value[bias]}" if isinstance(bias, Ref) else "")
-    value[Ref(r, False)] = "y"
-    epilogue = elementwise_lines(after, value)
-    stores = [f"tl.store(out{k}_ptr + offsets, {value[ref]}.to({tl_dtype(graph.info(ref).dtype)}), "
-              "mask=mask)" for k, ref in enumerate(graph.outputs)]
+    output = normalized_output(graph, value, weight, bias, r)
     stat_site = ChannelSite(r, site.shape, stat_used, site.full, site.channel)
     row_source = f"in{site.full[0]}"
     outs = [f"out{k}" for k in range(len(graph.outputs))]
@@ -242,9 +236,9 @@ def write_batch_norm(graph: SiteGraph, config: BatchNormConfig) -> str:
         channel_loads=indent(_channel_loads(site, set(site.used)), 4),
         loads=indent(loads, 8),
         prologue=indent(prologue, 8),
-        affine=affine,
-        epilogue=indent(epilogue, 8),
-        stores=indent(stores, 8),
+        affine=output.affine,
+        epilogue=indent(output.epilogue, 8),
+        stores=indent(output.stores, 8),
         params=", ".join(f"in{i}" for i in range(len(graph.inputs))),
         source=row_source,
         rank=len(site.shape),

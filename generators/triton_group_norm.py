@@ -127,6 +127,35 @@ def elementwise_lines(ops: list[tuple[int, Op]], value: dict[Ref, str]) -> list[
     return lines
 
 
+@dataclass(frozen=True)
+class NormalizedOutput:
+    """What follows the normalization in the kernel: the affine part applied to `y`, the
+    elementwise ops after the anchor, and the stores of the site's outputs at `offsets`."""
+
+    affine: str
+    epilogue: list[str]
+    stores: list[str]
+
+
+def normalized_output(graph: SiteGraph, value: dict[Ref, str], weight: object, bias: object,
+                      anchor: int) -> NormalizedOutput:
+    """`value` names the anchor's result `y` from here on."""
+    affine = (f" * {value[weight]}" if isinstance(weight, Ref) else "") + (
+        f" + {value[bias]}" if isinstance(bias, Ref) else "")
+    value[Ref(anchor, False)] = "y"
+    epilogue = elementwise_lines(list(enumerate(graph.ops[anchor + 1:], anchor + 1)), value)
+    stores = [f"tl.store(out{k}_ptr + offsets, {value[ref]}.to({tl_dtype(graph.info(ref).dtype)}), "
+              "mask=mask)" for k, ref in enumerate(graph.outputs)]
+    return NormalizedOutput(affine, epilogue, stores)
+
+
+def statistics_inputs(graph: SiteGraph, anchor: int, source: Ref) -> set[int]:
+    """The inputs the statistics pass reads: those of the ops before the anchor, and the
+    normalized tensor itself when it is an input."""
+    return inputs_of(list(enumerate(graph.ops[:anchor]))) | (
+        {source.index} if source.is_input else set())
+
+
 def stride_params(site: ChannelSite) -> list[str]:
     return [f"in{i}_sc," if i in site.channel else f"in{i}_sn, in{i}_sc, in{i}_ss,"
             for i in site.used]
@@ -247,22 +276,13 @@ def write_group_norm(graph: SiteGraph, config: GroupNormConfig) -> str:
         raise Unsupported(f"{site.shape[1]} channels do not split into {groups} groups")
     source = anchor.args[0]
     before = list(enumerate(graph.ops[:r]))
-    after = list(enumerate(graph.ops[r + 1:], r + 1))
-
     value = {Ref(i, True): f"x{i}" for i in site.used}
-    stat_loads = tile_loads(site, inputs_of(before) | ({source.index} if source.is_input
-                                                       else set()),
-                            "sample", "channels", "channel_mask")
+    stat_loads = tile_loads(site, statistics_inputs(graph, r, source), "sample", "channels",
+                            "channel_mask")
     stat_prologue = elementwise_lines(before, dict(value))
     loads = tile_loads(site, set(site.used), "sample", "channels", "channel_mask")
     prologue = elementwise_lines(before, value)
-    weight, bias = params
-    affine = (f" * {value[weight]}" if isinstance(weight, Ref) else "") + (
-        f" + {value[bias]}" if isinstance(bias, Ref) else "")
-    value[Ref(r, False)] = "y"
-    epilogue = elementwise_lines(after, value)
-    stores = [f"tl.store(out{k}_ptr + offsets, {value[ref]}.to({tl_dtype(graph.info(ref).dtype)}), "
-              "mask=mask)" for k, ref in enumerate(graph.outputs)]
+    output = normalized_output(graph, value, *params, r)
     row_source = f"in{site.full[0]}"
     return _SOURCE.format(
         ops=" → ".join(op.name for op in graph.ops),
@@ -276,9 +296,9 @@ def write_group_norm(graph: SiteGraph, config: GroupNormConfig) -> str:
         eps=repr(float(eps)),
         loads=indent(loads, 12),
         prologue=indent(prologue, 12),
-        affine=affine,
-        epilogue=indent(epilogue, 12),
-        stores=indent(stores, 12),
+        affine=output.affine,
+        epilogue=indent(output.epilogue, 12),
+        stores=indent(output.stores, 12),
         params=", ".join(f"in{i}" for i in range(len(graph.inputs))),
         source=row_source,
         rank=len(site.shape),
