@@ -76,7 +76,7 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, ListSitesConfig]
     search.add_argument("--feedback", action=argparse.BooleanOptionalAction, default=True,
                         help="steer the generators with each kernel's diagnosis (compiler "
                         "report, timing, hardware counters); off, they see verdicts and "
-                        "timings only (default: on)")
+                        "timings only and no counters are read (default: on)")
     search.add_argument("--counters", type=int, metavar="K",
                         help="read Nsight Compute hardware counters for each site's K best "
                         "kernels, about 9 s each (default: 1 on a GPU, 0 on the CPU)")
