@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from rules_generator_bench import CASES, problem_source  # noqa: E402
+from rules_generator_bench import CASES, drafts_and_children, problem_source  # noqa: E402
 
 from core.counters import collect  # noqa: E402
 from core.diagnosis import diagnose  # noqa: E402
@@ -26,7 +26,6 @@ from core.eval_timing import device_lock_path  # noqa: E402
 from core.evaluate import EvalConfig, Evaluator  # noqa: E402
 from core.kernel_report import KernelReport  # noqa: E402
 from core.roofline import GpuPeaks  # noqa: E402
-from generators.base import Parent  # noqa: E402
 from generators.rules import RulesGenerator  # noqa: E402
 
 SITES = {"pointwise": "bias + gelu", "reduction": "softmax 8192", "matmul": "linear + gelu"}
@@ -53,11 +52,7 @@ def main() -> int:
             problem = Path(folder) / family / "problem.py"
             problem.parent.mkdir()
             problem.write_text(problem_source(case))
-            drafts = generator.propose(problem, None, n=3, tiers=("triton",)).children
-            proposals = list(drafts)
-            for draft in drafts:
-                proposals += generator.propose(problem, Parent(draft), n=args.children,
-                                               tiers=("triton",)).children
+            proposals = drafts_and_children(generator, problem, ("triton",), args.children)
             verdicts = evaluator.evaluate_many([(problem, p.source) for p in proposals])
             accepted = [(v, p) for v, p in zip(verdicts, proposals, strict=True) if v.accepted]
             if not accepted:

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from core.evaluate import EvalConfig, Evaluator  # noqa: E402
 from core.roofline import GpuPeaks  # noqa: E402
 from core.site_baseline import time_site  # noqa: E402
-from generators.base import Parent  # noqa: E402
+from generators.base import Parent, Proposal  # noqa: E402
 from generators.rules import RulesGenerator  # noqa: E402
 
 PEAKS = GpuPeaks()
@@ -91,6 +91,19 @@ def problem_source(case: Case) -> str:
             "def get_init_inputs():\n    return []\n")
 
 
+def drafts_and_children(generator: RulesGenerator, problem: Path, tiers: tuple[str, ...],
+                        children: int) -> list[Proposal]:
+    """The generator's drafts in each tier, then `children` children of every draft."""
+    drafts = []
+    for tier in tiers:
+        drafts += generator.propose(problem, None, n=3, tiers=(tier,)).children
+    proposals = list(drafts)
+    for draft in drafts:
+        proposals += generator.propose(problem, Parent(draft), n=children,
+                                       tiers=(draft.tier,)).children
+    return proposals
+
+
 HEADER = (f"{'site':48}{'tier':>7}{'best ms':>9}{'eager':>8}{'compile':>9}{'floor':>8}"
           f"{'x eager':>8}{'x comp':>8}{'% floor':>8}  best kernel")
 
@@ -122,13 +135,7 @@ def main() -> int:
             problem = Path(folder) / f"case{index}" / "problem.py"
             problem.parent.mkdir()
             problem.write_text(problem_source(case))
-            drafts = []
-            for tier in case.tiers:
-                drafts += generator.propose(problem, None, n=3, tiers=(tier,)).children
-            proposals = list(drafts)
-            for draft in drafts:
-                proposals += generator.propose(problem, Parent(draft), n=args.children,
-                                               tiers=(draft.tier,)).children
+            proposals = drafts_and_children(generator, problem, case.tiers, args.children)
             verdicts = evaluator.evaluate_many([(problem, p.source) for p in proposals])
             baseline = time_site(problem, EvalConfig(device="cuda"))
             eager, compiled = baseline.eager_ms, baseline.compile_ms

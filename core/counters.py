@@ -220,6 +220,7 @@ def profiled_forward(problem_path: Path, candidate_path: Path, seed: int,
 
     from core import cuda_runtime
     from core.eval_timing import exclusive_device
+    from core.judge import to_device
     from core.problem_loader import import_file, load_problem
 
     sys.modules.setdefault("cuda_runtime", cuda_runtime)
@@ -229,7 +230,7 @@ def profiled_forward(problem_path: Path, candidate_path: Path, seed: int,
     init = problem.init_inputs()
     torch.manual_seed(seed)
     model = module.ModelNew(*init).to(device).eval()
-    inputs = [t.to(device) if isinstance(t, torch.Tensor) else t for t in problem.inputs(seed)]
+    inputs = to_device(problem.inputs(seed), device)
     with torch.no_grad():
         model(*inputs)
         torch.cuda.synchronize()

@@ -1,6 +1,9 @@
-"""Comparing a generated kernel's output with PyTorch's, with a message that shows where."""
+"""Comparing a generated kernel's output with PyTorch's, with a message that shows where; and
+the one-line site problems the kernel tests write."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 
@@ -20,3 +23,14 @@ def assert_matches(actual: torch.Tensor, expected: torch.Tensor, context: str = 
     assert worst <= TOLERANCE[expected.dtype], (
         f"relative error {worst:.3g} at {where}: {actual[where].item()} vs "
         f"{expected[where].item()}\n{context}")
+
+
+def one_input_problem(folder: Path, body: str, inputs: str) -> Path:
+    """`folder/problem.py`: a KernelBench problem whose Model returns `body` of its input `x`,
+    drawn by the expression `inputs`."""
+    path = folder / "problem.py"
+    path.write_text("import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
+                    f"    def forward(self, x):\n        return {body}\n\n\n"
+                    f"def get_inputs():\n    return [{inputs}]\n\n\n"
+                    "def get_init_inputs():\n    return []\n")
+    return path

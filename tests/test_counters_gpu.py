@@ -11,16 +11,13 @@ from core.counters import CounterReport, collect, find_ncu
 from core.evaluate import EvalConfig, Evaluator
 from generators.site_graph import load_site_graph
 from generators.triton_pointwise import PointwiseConfig, write_pointwise
+from tests.kernel_checks import one_input_problem
 
 pytestmark = pytest.mark.gpu
 
 
 def pointwise_site(folder: Path) -> tuple[Path, str]:
-    path = folder / "problem.py"
-    path.write_text("import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
-                    "    def forward(self, x):\n        return torch.relu(x * 2.0)\n\n\n"
-                    "def get_inputs():\n    return [torch.randn(8192, 8192)]\n\n\n"
-                    "def get_init_inputs():\n    return []\n")
+    path = one_input_problem(folder, "torch.relu(x * 2.0)", "torch.randn(8192, 8192)")
     return path, write_pointwise(load_site_graph(path), PointwiseConfig(block=4096, num_warps=8))
 
 

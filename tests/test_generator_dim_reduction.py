@@ -10,7 +10,7 @@ from generators.base import Parent
 from generators.rules import RulesGenerator, _dim_drafts
 from generators.site_graph import Unsupported, load_site_graph
 from generators.triton_dim_reduction import AUTO_SPLIT, DimConfig, write_dim_reduction
-from tests.kernel_checks import assert_matches
+from tests.kernel_checks import assert_matches, one_input_problem
 from tests.test_generator_pointwise import check
 
 CASES = {
@@ -162,11 +162,7 @@ GPU_SITES = {
 @pytest.mark.parametrize("site", list(GPU_SITES))
 def test_split_reductions_are_accepted_on_the_gpu_at_realistic_sizes(site, tmp_path):
     body, inputs = GPU_SITES[site]
-    path = tmp_path / "problem.py"
-    path.write_text(
-        "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
-        f"    def forward(self, x):\n        return {body}\n\n\n"
-        f"def get_inputs():\n    return [{inputs}]\n\n\ndef get_init_inputs():\n    return []\n")
+    path = one_input_problem(tmp_path, body, inputs)
     graph = load_site_graph(path)
     configs = [config for config, _ in _dim_drafts(graph)] + [DimConfig(split=16)]
     sources = [write_dim_reduction(graph, config) for config in configs]

@@ -10,6 +10,7 @@ from generators.base import Parent
 from generators.rules import RulesGenerator, _dim_softmax_drafts
 from generators.site_graph import Unsupported, load_site_graph
 from generators.triton_dim_softmax import DimSoftmaxConfig, write_dim_softmax
+from tests.kernel_checks import one_input_problem
 from tests.test_generator_pointwise import check
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -157,11 +158,7 @@ GPU_SITES = {
 @pytest.mark.parametrize("site", list(GPU_SITES))
 def test_dim_softmax_is_accepted_on_the_gpu_at_realistic_sizes(site, tmp_path):
     body, inputs = GPU_SITES[site]
-    path = tmp_path / "problem.py"
-    path.write_text(
-        "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
-        f"    def forward(self, x):\n        return {body}\n\n\n"
-        f"def get_inputs():\n    return [{inputs}]\n\n\ndef get_init_inputs():\n    return []\n")
+    path = one_input_problem(tmp_path, body, inputs)
     graph = load_site_graph(path)
     sources = [write_dim_softmax(graph, config) for config, _ in _dim_softmax_drafts(graph)]
     with Evaluator(EvalConfig(device="cuda"), workers=1) as evaluator:

@@ -27,6 +27,7 @@ from generators.cuda_pointwise import CudaPointwiseConfig, write_cuda_pointwise
 from generators.cuda_reduction import CudaReductionConfig, write_cuda_reduction
 from generators.site_graph import load_site_graph
 from generators.triton_pointwise import PointwiseConfig, write_pointwise
+from tests.kernel_checks import one_input_problem
 
 DATA = Path(__file__).parent / "data" / "kernel_report"
 # Recorded with `nvcc -arch=sm_90 -cubin --resource-usage` (CUDA 13.0) on the sources beside
@@ -39,15 +40,6 @@ HANDWRITTEN = {  # name: registers, stack frame, shared memory, (wide, narrow) l
 }
 PRESSURE = {"registers": 32, "stack_bytes": 424, "spill_store_bytes": 952,
             "spill_load_bytes": 956}
-
-
-def problem(folder: Path, body: str, inputs: str) -> Path:
-    path = folder / "problem.py"
-    path.write_text("import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
-                    f"    def forward(self, x):\n        return {body}\n\n\n"
-                    f"def get_inputs():\n    return [{inputs}]\n\n\n"
-                    "def get_init_inputs():\n    return []\n")
-    return path
 
 
 def test_ptxas_figures_of_every_entry_kernel():
@@ -118,9 +110,9 @@ def generated(tmp_path_factory) -> dict[str, KernelReport]:
     folder = tmp_path_factory.mktemp("generated")
     (folder / "pw").mkdir()
     (folder / "sm").mkdir()
-    pointwise = load_site_graph(problem(folder / "pw", "torch.relu(x * 2.0 + 1.0)",
+    pointwise = load_site_graph(one_input_problem(folder / "pw", "torch.relu(x * 2.0 + 1.0)",
                                         "torch.randn(64, 128)"))
-    softmax = load_site_graph(problem(folder / "sm", "torch.softmax(x, -1)",
+    softmax = load_site_graph(one_input_problem(folder / "sm", "torch.softmax(x, -1)",
                                       "torch.randn(8, 4096)"))
     candidates = {
         "vector16": write_cuda_pointwise(pointwise, CudaPointwiseConfig(vector_bytes=16)),
@@ -159,7 +151,7 @@ def test_a_report_round_trips_through_a_dict():
 
 def test_triton_under_the_interpreter_has_no_compiled_metadata(tmp_path):
     assert "triton" in sys.modules and not torch.cuda.is_available()
-    graph = load_site_graph(problem(tmp_path, "torch.relu(x)", "torch.randn(32)"))
+    graph = load_site_graph(one_input_problem(tmp_path, "torch.relu(x)", "torch.randn(32)"))
     source = write_pointwise(graph, PointwiseConfig())
     path = tmp_path / "candidate.py"
     path.write_text(source)
@@ -168,7 +160,7 @@ def test_triton_under_the_interpreter_has_no_compiled_metadata(tmp_path):
 
 
 def test_the_verdict_carries_the_report_and_an_empty_diagnosis_on_a_cpu(tmp_path):
-    path = problem(tmp_path, "torch.sigmoid(x) * x", "torch.randn(16, 64)")
+    path = one_input_problem(tmp_path, "torch.sigmoid(x) * x", "torch.randn(16, 64)")
     source = write_pointwise(load_site_graph(path), PointwiseConfig())
     verdict = evaluate(path, source, EvalConfig(device="cpu"))
     assert verdict.accepted, verdict.reason
@@ -188,7 +180,7 @@ def test_verdicts_stored_before_the_report_still_load():
 
 @pytest.mark.gpu
 def test_triton_on_a_gpu_reports_its_compiled_kernels(tmp_path):
-    path = problem(tmp_path, "torch.relu(x * 2.0)", "torch.randn(4096, 4096)")
+    path = one_input_problem(tmp_path, "torch.relu(x * 2.0)", "torch.randn(4096, 4096)")
     source = write_pointwise(load_site_graph(path), PointwiseConfig(block=4096, num_warps=8))
     verdict = evaluate(path, source, EvalConfig(device="cuda"))
     assert verdict.accepted, verdict.reason
