@@ -18,6 +18,7 @@ from types import ModuleType
 import torch
 
 from core.errors import KilnInputError
+from core.python_ast import parse
 
 CAPTURED_INPUTS_FILE = "inputs.pt"
 PROBLEM_NAMES = ("Model", "get_inputs", "get_init_inputs")
@@ -55,7 +56,7 @@ def read_source(path: str | Path, what: str) -> str:
 def defined_names(source: str) -> set[str]:
     """Top-level names a module source defines (classes, functions, assignments, imports)."""
     names: set[str] = set()
-    for node in ast.parse(source).body:
+    for node in parse(source).body:
         if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
             names.add(node.name)
         elif isinstance(node, ast.Assign):

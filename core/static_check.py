@@ -12,6 +12,8 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
+from core.python_ast import parse
+
 ALLOWED_IMPORT_ROOTS = frozenset(
     {"torch", "triton", "pycuda", "numpy", "math", "typing", "functools", "operator",
      "itertools", "__future__", "cuda_runtime"}
@@ -127,7 +129,7 @@ class StaticReport:
 def problem_anchors(problem_source: str) -> set[str]:
     """Anchor families ("matmul", "conv") the problem computes: those a library may do."""
     anchors: set[str] = set()
-    for node in ast.walk(ast.parse(problem_source)):
+    for node in ast.walk(parse(problem_source)):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
             anchors.add("matmul")
         name = node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", None)
@@ -299,7 +301,7 @@ class _Checker(ast.NodeVisitor):
 
 def check_candidate(candidate_source: str, problem_source: str) -> StaticReport:
     """Apply every static rule; raises SyntaxError when the candidate does not parse."""
-    tree = ast.parse(candidate_source)
+    tree = parse(candidate_source)
     checker = _Checker(tree, problem_anchors(problem_source))
     checker.visit(tree)
     report = checker.report

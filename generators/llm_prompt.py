@@ -19,6 +19,7 @@ import torch
 
 from core.load import import_file
 from core.problem_loader import defined_names
+from core.python_ast import parse
 from core.roofline import GpuPeaks
 from core.static_check import check_candidate
 from generators.base import Feedback
@@ -147,7 +148,7 @@ def screen_reply(reply: str, problem_source: str) -> Screened:
         return Screened(source, [f"line {err.lineno}: {err.msg} (the module does not parse)"])
     problems = list(report.violations)
     if "ModelNew" not in defined_names(source):
-        classes = sorted(n.name for n in ast.parse(source).body if isinstance(n, ast.ClassDef))
+        classes = sorted(n.name for n in parse(source).body if isinstance(n, ast.ClassDef))
         named = f" (it defines {', '.join(classes)})" if classes else ""
         problems.insert(0, f"the module defines no class named ModelNew{named}")
     return Screened(source, problems)
