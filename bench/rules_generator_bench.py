@@ -1,13 +1,15 @@
 """The rules generator on a GPU: for each family at realistic sizes, the best rules kernel
 against eager, torch.compile and its roofline floor. Prints one table.
 
-    python bench/rules_generator_bench.py [--workers 4] [--children 4] [--only NAME]
+    python bench/rules_generator_bench.py [--workers 4] [--evaluations 24] [--only NAME]
 
-Each site gets the generator's drafts (Triton, and CUDA where the family has it) and one round
-of children of every draft; all are judged by the evaluator on the GPU, and the fastest
-accepted one is the family's result. Targets: memory-bound families at >= 85% of the byte
-floor and never slower than torch.compile; matmul with epilogue within 10% of torch.compile in
-bf16; conv with epilogue faster than eager.
+Each site is searched as `core.optimize` searches it: a tree of the generator's kernels
+(Triton, and CUDA where the family has it) ranked by UCT on the latency the evaluator measures
+on the GPU against the faster of the site's eager and compiled times, until the search stops
+(90% of the floor, or 12 evaluations without a new best) or `--evaluations` kernels were
+judged. The fastest accepted kernel is the family's result. Targets: memory-bound families at
+>= 85% of the byte floor and never slower than torch.compile; matmul with epilogue within 10%
+of torch.compile in bf16; conv with epilogue faster than eager.
 """
 
 from __future__ import annotations
@@ -22,8 +24,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core.evaluate import EvalConfig, Evaluator  # noqa: E402
 from core.roofline import GpuPeaks  # noqa: E402
+from core.run import feedback_of  # noqa: E402
+from core.search import Node, SearchConfig, SiteSearch  # noqa: E402
 from core.site_baseline import time_site  # noqa: E402
-from generators.base import Parent, Proposal  # noqa: E402
+from core.verdict import Verdict  # noqa: E402
+from generators.base import Feedback, Parent, Proposal, Proposals  # noqa: E402
 from generators.rules import RulesGenerator  # noqa: E402
 
 PEAKS = GpuPeaks()
@@ -116,18 +121,51 @@ def row_text(case: Case, best: tuple | None, eager: float, compiled: float, floo
     ms = verdict.latency_ms
     return (f"{case.name:48}{proposal.tier:>7}{ms:9.4f}{eager:8.4f}{compiled:9.4f}"
             f"{floor:8.4f}{eager / ms:8.2f}{compiled / ms:8.2f}{100 * floor / ms:7.0f}%  "
-            f"{proposal.rationale[:60]}")
+            f"{settings_text(proposal)}")
+
+
+def settings_text(proposal: Proposal) -> str:
+    """The best kernel's writer and knobs, compactly: `write_pointwise block=4096 ...`."""
+    knobs = {k: v for k, v in proposal.settings.items() if k != "writer"}
+    return " ".join([str(proposal.settings.get("writer", "?"))]
+                    + [f"{k}={v}" for k, v in knobs.items()])
+
+
+def search_case(generator: RulesGenerator, evaluator: Evaluator, problem: Path,
+                tiers: tuple[str, ...], baseline_ms: float, floor_ms: float,
+                evaluations: int) -> list[tuple[Verdict, Proposal]]:
+    """Every kernel the tree search judged on `problem`, with its verdict."""
+    judged: list[tuple[Verdict, Proposal]] = []
+
+    def propose(parent: Parent | None, n: int) -> Proposals:
+        return generator.propose(problem, parent, n, tiers)
+
+    def evaluate(proposals: list[Proposal]) -> list[Feedback]:
+        verdicts = evaluator.evaluate_many([(problem, p.source) for p in proposals])
+        judged.extend(zip(verdicts, proposals, strict=True))
+        return [feedback_of(v, floor_ms) for v in verdicts]
+
+    def record(node: Node) -> None:
+        del node  # the bench keeps its own list of what was judged
+
+    search = SiteSearch(baseline_ms, floor_ms, propose, evaluate, record, SearchConfig())
+    while not search.done and search.evaluations < evaluations:
+        if not search.step(limit=evaluations - search.evaluations):
+            break
+    return judged
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("--children", type=int, default=4, help="children per draft")
+    parser.add_argument("--evaluations", type=int, default=24,
+                        help="kernels judged per site at most")
     parser.add_argument("--only", default="",
                         help="comma-separated: cases whose name contains one of these")
+    parser.add_argument("--save", type=Path, help="write every case's best kernel to this file")
     args = parser.parse_args()
     generator = RulesGenerator()
-    rows = []
+    rows, kept = [], []
     with tempfile.TemporaryDirectory(prefix="kiln-rules-bench-") as folder, \
             Evaluator(EvalConfig(device="cuda"), workers=args.workers) as evaluator:
         for index, case in enumerate(
@@ -135,19 +173,23 @@ def main() -> int:
             problem = Path(folder) / f"case{index}" / "problem.py"
             problem.parent.mkdir()
             problem.write_text(problem_source(case))
-            proposals = drafts_and_children(generator, problem, case.tiers, args.children)
-            verdicts = evaluator.evaluate_many([(problem, p.source) for p in proposals])
             baseline = time_site(problem, EvalConfig(device="cuda"))
             eager, compiled = baseline.eager_ms, baseline.compile_ms
-            accepted = [(v, p) for v, p in zip(verdicts, proposals, strict=True) if v.accepted]
-            rejected = [v.reason for v in verdicts if not v.accepted]
             floor = max(case.bytes / PEAKS.bandwidth,
                         case.flops / PEAKS.matrix_flops["bf16"]) * 1e3
+            judged = search_case(generator, evaluator, problem, case.tiers, baseline.best_ms,
+                                 floor, args.evaluations)
+            accepted = [(v, p) for v, p in judged if v.accepted]
+            rejected = [v.reason for v, _ in judged if not v.accepted]
             best = min(accepted, key=lambda a: a[0].latency_ms, default=None)
-            rows.append(row_text(case, best, eager, compiled, floor, len(proposals)))
-            print(f"{case.name}: {len(accepted)}/{len(proposals)} accepted"
+            if best is not None:
+                kept.append(f"# ===== {case.name}: {best[0].latency_ms:.4f} ms\n{best[1].source}")
+            rows.append(row_text(case, best, eager, compiled, floor, len(judged)))
+            print(f"{case.name}: {len(accepted)}/{len(judged)} accepted"
                   + (f"; first rejection: {rejected[0]}" if rejected else ""), flush=True)
             print(rows[-1], flush=True)
+    if args.save is not None:
+        args.save.write_text("\n\n".join(kept))
     print(f"\n{HEADER}")
     print("\n".join(rows))
     return 0

@@ -1,14 +1,18 @@
 """Kiln's benchmark suite on a GPU: each entry optimized end to end, one results table.
 
-    python -m bench.suite_bench [--budget 10] [--only name,name] [--out DIR]
+    python -m bench.suite_bench [--budget 10] [--only name,name] [--parallel N] [--out DIR]
                                 [-- extra core.optimize arguments]
 
 Each entry of `bench/suite.py` is optimized by `python -m core.optimize` in its own process
-and store (rules generator, fixed budget). The table gives, per entry: whether the installed
-model passed the end-to-end check, its time against eager, against torch.compile and against
-the faster of the two, Amdahl's prediction, the time spent, the candidates tried and the tiers
-of the installed kernels; then the geometric means over the suite. The table is printed and
-written to `DIR/suite.md` as each entry finishes, so an interrupted run keeps what it measured.
+and store (rules generator, fixed budget). `--parallel N` runs N entries at once: every
+timing of every Kiln process holds the GPU alone through its device lock, so entries sharing
+a GPU share its idle time (compiles, checks), not their measurements.
+
+The table gives, per entry: whether the installed model passed the end-to-end check, its time
+against eager, against torch.compile and against the faster of the two, Amdahl's prediction,
+the time spent, the candidates tried and the tiers of the installed kernels; then the
+geometric means over the suite. The table is printed and written to `DIR/suite.md` as each
+entry finishes, so an interrupted run keeps what it measured.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import math
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,18 +113,23 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=10.0, help="minutes per entry")
     parser.add_argument("--only", default="", help="comma-separated entry names")
     parser.add_argument("--out", type=Path, default=Path("kiln-out/suite"))
+    parser.add_argument("--parallel", type=int, default=1, help="entries optimized at once")
     argv = sys.argv[1:]
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     items = [entry(name) for name in args.only.split(",")] if args.only else SUITE
     args.out.mkdir(parents=True, exist_ok=True)
-    outcomes: list[Outcome] = []
-    for item in items:
-        print(f"{item.name}: optimizing ({args.budget} min budget)...", file=sys.stderr,
-              flush=True)
-        outcomes.append(optimize(item, args, extra))
-        (args.out / "suite.md").write_text(table(outcomes) + "\n")
-    print(table(outcomes))
+    finished: dict[str, Outcome] = {}
+    with ThreadPoolExecutor(max_workers=args.parallel) as pool:
+        running = {pool.submit(optimize, item, args, extra): item for item in items}
+        for future in as_completed(running):
+            item = running[future]
+            finished[item.name] = future.result()
+            print(f"{item.name}: done in {finished[item.name].minutes:.1f} min "
+                  f"({len(finished)}/{len(items)})", file=sys.stderr, flush=True)
+            done = [finished[i.name] for i in items if i.name in finished]
+            (args.out / "suite.md").write_text(table(done) + "\n")
+    print(table([finished[item.name] for item in items]))
 
 
 if __name__ == "__main__":

@@ -5,8 +5,9 @@ biased variance over its N × S values. A channel's values are cut into [BLOCK_R
 BLOCK_S positions] tiles shared out among SPLITS programs, so that C × SPLITS programs fill
 the GPU even with few channels. The statistics kernel folds each program's tiles (through the
 elementwise prologue) into per-lane Welford states in fp32 and writes one (count, mean, M2)
-per program; the normalizing kernel takes the same tiles, merges its channel's SPLITS states
-(Chan et al.), and applies the normalization, the per-channel affine map and the epilogue.
+per program; the normalizing kernel takes the same tiles in reverse order (those read last
+are still in L2), merges its channel's SPLITS states (Chan et al.), and applies the
+normalization, the per-channel affine map and the epilogue.
 Updates of running statistics are a mutation of module buffers and stay with PyTorch.
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from generators.codegen import arg, indent
+from generators.expressions import with_jit_helpers
 from generators.site_graph import Ref, SiteGraph, Unsupported
 from generators.triton_group_norm import (
     ChannelSite,
@@ -80,7 +82,7 @@ def batch_stats_kernel(
 {stat_prologue}
         count += tl.where(mask, 1.0, 0.0)
         delta = tl.where(mask, {x} - mean, 0.0)
-        mean += delta / tl.maximum(count, 1.0)
+        mean += tl.fdiv(delta, tl.maximum(count, 1.0), ieee_rounding=False)
         m2 += tl.where(mask, delta * ({x} - mean), 0.0)
     total = tl.sum(count)
     split_mean = tl.sum(count * mean) / tl.maximum(total, 1.0)
@@ -108,8 +110,10 @@ def batch_norm_kernel(
     STEPS: tl.constexpr,
     BLOCK_SPLITS: tl.constexpr,
 ):
-    channel = tl.program_id(0)
-    split = tl.program_id(1)
+    # Channels, splits and steps run in the reverse of the statistics kernel's order, so the
+    # tiles it read last, still in L2, are read first.
+    channel = C - 1 - tl.program_id(0)
+    split = SPLITS - 1 - tl.program_id(1)
     # Chan et al.: the channel's statistics from its SPLITS partial (count, mean, M2) states.
     slots = channel * SPLITS + tl.arange(0, BLOCK_SPLITS)
     held = tl.arange(0, BLOCK_SPLITS) < SPLITS
@@ -121,7 +125,8 @@ def batch_norm_kernel(
     spread = means - channel_mean
     rstd = tl.rsqrt((tl.sum(m2s) + tl.sum(counts * spread * spread)) / total + {eps})
 {channel_loads}
-    for step in range(STEPS):
+    for back in range(STEPS):
+        step = STEPS - 1 - back
 {tile}
 {loads}
 {prologue}
@@ -219,7 +224,7 @@ def write_batch_norm(graph: SiteGraph, config: BatchNormConfig) -> str:
     stat_site = ChannelSite(r, site.shape, stat_used, site.full, site.channel)
     row_source = f"in{site.full[0]}"
     outs = [f"out{k}" for k in range(len(graph.outputs))]
-    return _SOURCE.format(
+    return with_jit_helpers(_SOURCE.format(
         ops=" → ".join(op.name for op in graph.ops),
         config=config.describe(),
         stat_pointer_params=indent([f"in{i}_ptr," for i in stat_used], 4),
@@ -254,4 +259,4 @@ def write_batch_norm(graph: SiteGraph, config: BatchNormConfig) -> str:
         stride_args=stride_args(site),
         stat_stride_args=stride_args(stat_site),
         returns=", ".join(outs),
-    )
+    ))

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 
 from generators.codegen import indent, op_refs
-from generators.expressions import elementwise, tl_dtype
+from generators.expressions import elementwise, tl_dtype, with_jit_helpers
 from generators.site_graph import Op, Ref, SiteGraph, Unsupported
 
 FOLDS = {"sum": ("tl.sum", "0.0", "+"), "mean": ("tl.sum", "0.0", "+"),
@@ -75,7 +75,9 @@ def dim_kernel(
     outer = tl.program_id(0) // tiles_per_outer
     cols = (tl.program_id(0) % tiles_per_outer) * BLOCK_I + tl.arange(0, BLOCK_I)
     col_mask = cols < inner
-{part}    acc = tl.full((BLOCK_I,), {neutral}, tl.float32)
+{part}    # Each lane folds its own rows; the rows are folded across lanes once, after the loop (a
+    # fold per step put three barriers in every iteration).
+    acc = tl.full((BLOCK_R, BLOCK_I), {neutral}, tl.float32)
     for start in range(0, CHUNK, BLOCK_R):
         rows = {first_row}start + tl.arange(0, BLOCK_R)
         mask = (rows < REDUCED)[:, None] & col_mask[None, :]
@@ -84,6 +86,7 @@ def dim_kernel(
 {prologue}
         tile = tl.where(mask, {reduced_value}, {neutral})
         acc = {combine_tile}
+    folded = {fold}(acc, axis=0)
 {write}
 {combine_kernel}
 
@@ -112,15 +115,16 @@ class ModelNew(nn.Module):
 '''
 
 _ONE_PASS_WRITE = (
-    "    tl.store(out0_ptr + outer * inner + cols, finish(acc, REDUCED).to({out_dtype}),\n"
+    "    tl.store(out0_ptr + outer * inner + cols, finish(folded, REDUCED).to({out_dtype}),\n"
     "             mask=col_mask)")
 
 _SPLIT_WRITE = '''    if SPLIT == 1:
-        tl.store(out0_ptr + outer * inner + cols, finish(acc, REDUCED).to({out_dtype}),
+        tl.store(out0_ptr + outer * inner + cols, finish(folded, REDUCED).to({out_dtype}),
                  mask=col_mask)
     else:
         # Partials laid out [SPLIT, outer, inner]: the combine kernel reads them coalesced.
-        tl.store(partial_ptr + (part * outer_count + outer) * inner + cols, acc, mask=col_mask)'''
+        tl.store(partial_ptr + (part * outer_count + outer) * inner + cols, folded,
+                 mask=col_mask)'''
 
 _COMBINE_KERNEL = '''
 
@@ -302,7 +306,7 @@ def write_dim_reduction(graph: SiteGraph, config: DimConfig) -> str:
             "dtype=torch.float32)",
             launch,
             _COMBINE_LAUNCH.format(block_i=config.block_i, num_warps=config.num_warps)])
-    return _SOURCE.format(
+    return with_jit_helpers(_SOURCE.format(
         dim=dim, ops=" → ".join(op.name for op in graph.ops), config=config.describe(),
         finish=_FINISH.format(scale=" / REDUCED" if anchor.name == "mean" else "",
                               scale_doc=" (the sum over REDUCED rows for a mean)"
@@ -315,7 +319,7 @@ def write_dim_reduction(graph: SiteGraph, config: DimConfig) -> str:
               if splits else ""),
         first_row="part * CHUNK + " if splits else "",
         neutral=neutral, loads=indent(loads, 8), prologue=indent(prologue, 8),
-        reduced_value=reduced_value, combine_tile=_join(join, "acc", f"{fold}(tile, axis=0)"),
+        reduced_value=reduced_value, combine_tile=_join(join, "acc", "tile"), fold=fold,
         write=(_SPLIT_WRITE if splits else _ONE_PASS_WRITE).format(out_dtype=out_dtype),
         combine_kernel=_COMBINE_KERNEL.format(
             combine_partial=_join(join, "acc", "partial"), out_dtype=out_dtype)
@@ -330,7 +334,7 @@ def write_dim_reduction(graph: SiteGraph, config: DimConfig) -> str:
         block_i=config.block_i, block_r=config.block_r,
         split=indent(split.splitlines(), 8),
         launch=indent(launch.splitlines(), 8),
-    )
+    ))
 
 
 def _join(join: str, left: str, right: str) -> str:

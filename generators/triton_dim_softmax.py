@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from generators.codegen import indent, op_refs
-from generators.expressions import elementwise, tl_dtype
+from generators.expressions import elementwise, tl_dtype, with_jit_helpers
 from generators.site_graph import Ref, SiteGraph, Unsupported
 from generators.triton_dim_reduction import folded_dim, full_shape_inputs
 
@@ -199,7 +199,7 @@ def write_dim_softmax(graph: SiteGraph, config: DimSoftmaxConfig) -> str:
         tile_result = loop_result = f"{logits} - m[None, :] - tl.log(s)[None, :]"
     row_source = f"in{used[0]}"
     outputs = [f"out{k}" for k in range(len(graph.outputs))]
-    return _SOURCE.format(
+    return with_jit_helpers(_SOURCE.format(
         name=anchor.name, dim=dim, ops=" → ".join(op.name for op in graph.ops),
         config=config.describe(),
         pointer_params=indent([f"in{i}_ptr," for i in used] + [f"{o}_ptr," for o in outputs],
@@ -220,4 +220,4 @@ def write_dim_softmax(graph: SiteGraph, config: DimSoftmaxConfig) -> str:
         pointer_args=", ".join([f"in{i}" for i in used] + outputs),
         num_warps=config.num_warps,
         returns=", ".join(outputs),
-    )
+    ))

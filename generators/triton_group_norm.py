@@ -3,11 +3,12 @@
 The input (N, C, *spatial) is read as (N, C, S): one program per (sample, group) walks the
 group's C/G channels × S positions in [BLOCK_C, BLOCK_S] tiles twice. The first walk folds the
 prologue's values into per-lane Welford states (count, mean, M2) in fp32, merged at the end
-(Chan et al.), which stays exact where a sum of squares would cancel; the second applies the
-normalization, the per-channel affine map and the epilogue, and stores. Inputs of the full
-shape are read through their strides; per-channel inputs (the affine weight and bias, or a
-(C, 1, 1) operand of the prologue) once per tile row. The group's extents are compile-time
-constants (each shape compiles once).
+(Chan et al.), which stays exact where a sum of squares would cancel; the second, in reverse
+order so that the tiles read last are still in L2, applies the normalization, the per-channel
+affine map and the epilogue, and stores. Inputs of the full shape are read through their
+strides; per-channel inputs (the affine weight and bias, or a (C, 1, 1) operand of the
+prologue) once per tile row. The group's extents are compile-time constants (each shape
+compiles once).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from generators.codegen import arg, indent, op_refs
-from generators.expressions import elementwise, tl_dtype
+from generators.expressions import elementwise, tl_dtype, with_jit_helpers
 from generators.site_graph import Op, Ref, SiteGraph, TensorInfo, Unsupported
 
 
@@ -212,17 +213,21 @@ def group_norm_kernel(
 {stat_prologue}
             count += tl.where(mask, 1.0, 0.0)
             delta = tl.where(mask, {x} - mean, 0.0)
-            mean += delta / tl.maximum(count, 1.0)
+            mean += tl.fdiv(delta, tl.maximum(count, 1.0), ieee_rounding=False)
             m2 += tl.where(mask, delta * ({x} - mean), 0.0)
     total = tl.sum(count)
     group_mean = tl.sum(count * mean) / total
     spread = mean - group_mean
     rstd = tl.rsqrt((tl.sum(m2) + tl.sum(count * spread * spread)) / total + {eps})
     out_base = sample * groups * GROUP_C * SPATIAL
-    for c0 in range(0, GROUP_C, BLOCK_C):
+    # The second walk visits the tiles in reverse, so the ones read last, still in L2, come
+    # first.
+    for c_back in range(0, GROUP_C, BLOCK_C):
+        c0 = (GROUP_C - 1) // BLOCK_C * BLOCK_C - c_back
         channel_mask = c0 + tl.arange(0, BLOCK_C) < GROUP_C
         channels = first + c0 + tl.arange(0, BLOCK_C)
-        for s0 in range(0, SPATIAL, BLOCK_S):
+        for s_back in range(0, SPATIAL, BLOCK_S):
+            s0 = (SPATIAL - 1) // BLOCK_S * BLOCK_S - s_back
             positions = s0 + tl.arange(0, BLOCK_S)
             mask = channel_mask[:, None] & (positions < SPATIAL)[None, :]
 {loads}
@@ -284,7 +289,7 @@ def write_group_norm(graph: SiteGraph, config: GroupNormConfig) -> str:
     prologue = elementwise_lines(before, value)
     output = normalized_output(graph, value, *params, r)
     row_source = f"in{site.full[0]}"
-    return _SOURCE.format(
+    return with_jit_helpers(_SOURCE.format(
         ops=" → ".join(op.name for op in graph.ops),
         config=config.describe(),
         pointer_params=indent([f"in{i}_ptr," for i in site.used]
@@ -313,4 +318,4 @@ def write_group_norm(graph: SiteGraph, config: GroupNormConfig) -> str:
         stride_args=stride_args(site),
         num_warps=config.num_warps,
         returns=", ".join(f"out{k}" for k in range(len(graph.outputs))),
-    )
+    ))

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from generators.codegen import BROADCAST_SHAPE_HELPER
-from generators.expressions import elementwise, tl_dtype
+from generators.expressions import elementwise, tl_dtype, with_jit_helpers
 from generators.site_graph import Op, Ref, SiteGraph, Unsupported
 
 # Views that change shape but keep the element order; emitted as the same tensor method.
@@ -59,6 +59,7 @@ def matmul_kernel(
     b_sb, b_sk, b_sn,
 {stride_params}
     K: tl.constexpr,
+{flag_params}
     WIDEN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
@@ -123,6 +124,7 @@ class ModelNew(nn.Module):
             # K is compile-time: the weight fixes it per site (one compile), and the Triton
             # interpreter under NumPy 2.4 cannot loop to a bound passed at run time.
             K=K,
+{flag_args}
             # The Triton interpreter (CPU tensors) multiplies bf16 wrongly: widen to fp32 there.
             WIDEN=a.device.type != "cuda",
             BLOCK_M={block_m}, BLOCK_N={block_n}, BLOCK_K={block_k}, GROUP_M={group_m},
@@ -130,6 +132,20 @@ class ModelNew(nn.Module):
         )
         return {returns}
 '''
+
+# A broadcast epilogue operand (a bias is one row for every m) is loaded as one vector and
+# widened in registers: a full [BLOCK_M, BLOCK_N] tile of it took 64 registers a thread at
+# 128×256 tiles and spilled the accumulator (255 registers, 168 bytes of stack on sm_90).
+_EPILOGUE_LOAD = """if {flag}_BROADCAST == 1:  # the same row for every m
+    {name} = tl.load({name}_ptr + batch * {name}_sb + cols * {name}_sn,
+                 mask=cols < N).to(tl.float32)[None, :]
+elif {flag}_BROADCAST == 2:  # the same column for every n
+    {name} = tl.load({name}_ptr + batch * {name}_sb + rows * {name}_sm,
+                 mask=rows < M).to(tl.float32)[:, None]
+else:
+    {name} = tl.load({name}_ptr + batch * {name}_sb + rows[:, None] * {name}_sm
+                 + cols[None, :] * {name}_sn, mask=mask).to(tl.float32)"""
+
 
 def _indent(lines: list[str], depth: int) -> str:
     return "\n".join(" " * depth + line for line in lines) if lines else _EMPTY
@@ -227,6 +243,7 @@ def write_triton_matmul(graph: SiteGraph, config: MatmulConfig) -> str:
     operands: dict[tuple[int, str], str] = {}  # (input index, stage) → operand name
     operand_lines: list[str] = []
     loads: list[str] = []
+    flags: list[str] = []  # per epilogue operand: which axis it is broadcast along
     body: list[str] = []
 
     def load(ref: Ref, at: str) -> str:
@@ -235,10 +252,8 @@ def write_triton_matmul(graph: SiteGraph, config: MatmulConfig) -> str:
             name = f"e{len(operands)}"
             operands[key] = name
             operand_lines.append(f"{name} = {ref.name}.expand({at}.shape).reshape(batch, M, N)")
-            address = (f"{name}_ptr + batch * {name}_sb + rows[:, None] * {name}_sm"
-                       f" + cols[None, :] * {name}_sn")
-            loads.extend([f"{name} = tl.load({address},",
-                          f"{' ' * len(name)}   mask=mask).to(tl.float32)"])
+            loads.extend(_EPILOGUE_LOAD.format(name=name, flag=name.upper()).splitlines())
+            flags.append(name.upper())
         return operands[key]
 
     accumulate = "acc" if anchor.alpha == 1 else f"acc * {float(anchor.alpha)!r}"
@@ -298,6 +313,9 @@ def write_triton_matmul(graph: SiteGraph, config: MatmulConfig) -> str:
         out_params=_indent([f"out{k}_ptr," for k in range(len(graph.outputs))], 4),
         stride_params=_indent([f"{n}_sb, {n}_sm, {n}_sn," for n in names], 4),
         precision=precision,
+        flag_params=_indent([f"{flag}_BROADCAST: tl.constexpr," for flag in flags], 4),
+        flag_args=_indent([f"{flag}_BROADCAST=1 if {flag.lower()}.stride(1) == 0 else 2 if "
+                           f"{flag.lower()}.stride(2) == 0 else 0," for flag in flags], 12),
         loads=_indent(loads, 4),
         body=_indent(body, 4),
         stores=_indent(stores, 4),
@@ -317,4 +335,4 @@ def write_triton_matmul(graph: SiteGraph, config: MatmulConfig) -> str:
     source = "\n".join(line for line in source.split("\n") if line.strip() != _EMPTY)
     if anchor.needs_broadcast:
         source += "\n\n" + BROADCAST_SHAPE_HELPER
-    return source
+    return with_jit_helpers(source)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from generators.codegen import BROADCAST_SHAPE_HELPER, ROWS_AND_COLUMNS_HELPER, indent, op_refs
-from generators.expressions import channel_aligned_inputs, elementwise, tl_dtype
+from generators.expressions import channel_aligned_inputs, elementwise, tl_dtype, with_jit_helpers
 from generators.site_graph import Ref, SiteGraph, Unsupported
 
 
@@ -199,7 +199,7 @@ def write_pointwise(graph: SiteGraph, config: PointwiseConfig, class_name: str =
         f"dtype={graph.info(ref).dtype})" for k, ref in enumerate(graph.outputs)
     ]
     ops = " → ".join(op.name for op in graph.ops)
-    return _SOURCE.format(
+    return with_jit_helpers(_SOURCE.format(
         broadcast_helper=BROADCAST_SHAPE_HELPER,
         rows_helper=ROWS_AND_COLUMNS_HELPER,
         title=title or f"Kiln rules kernel (triton, pointwise): {ops}. {config.describe()}.",
@@ -227,4 +227,4 @@ def write_pointwise(graph: SiteGraph, config: PointwiseConfig, class_name: str =
         flag_args=", ".join(f"ROW_ONLY_{i}=strides[{t}][-1] == 0" for t, i in enumerate(used)),
         num_warps=config.num_warps,
         returns=", ".join(f"out{k}" for k in range(len(graph.outputs))),
-    )
+    ))

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from generators.codegen import indent, op_refs
-from generators.expressions import elementwise, tl_dtype
+from generators.expressions import elementwise, tl_dtype, with_jit_helpers
 from generators.site_graph import Op, Ref, SiteGraph, Unsupported
 
 MAX_ROW = 32768
@@ -273,7 +273,7 @@ def write_row_reduction(graph: SiteGraph, config: RowConfig) -> str:
     if rank > 1:
         coordinates.append("c0 = rest")
     grid, loop = _schedule(config, row_source)
-    return _SOURCE.format(
+    return with_jit_helpers(_SOURCE.format(
         ops=" → ".join(op.name for op in graph.ops),
         config=config.describe(),
         pointer_params=indent([f"in{i}_ptr," for i in used]
@@ -305,7 +305,7 @@ def write_row_reduction(graph: SiteGraph, config: RowConfig) -> str:
         stride_args="".join(f"*x{i}.stride(), " for i in used),
         num_warps=config.num_warps,
         returns=", ".join(f"out{k}" for k in range(len(graph.outputs))),
-    )
+    ))
 
 
 def _keepdim(op: Op) -> bool:

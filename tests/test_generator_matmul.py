@@ -111,6 +111,21 @@ def test_row_broadcast_strided_operands_and_new_sizes(tmp_path):
     check(path, SMALL, inputs=[torch.randn(40, 7), torch.randn(7, 3), torch.randn(40, 1)])
 
 
+def test_bias_scale_and_residual_in_one_epilogue(tmp_path):
+    """A row of N (a bias), a column of M (a per-row scale) and a full tile in one epilogue:
+    each broadcast operand is loaded as a vector, and the result still matches."""
+    path = tmp_path / "problem.py"
+    path.write_text(
+        "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
+        "    def forward(self, x, w, b, s, r):\n"
+        "        return torch.nn.functional.gelu((torch.mm(x, w) + b) * s) + r\n\n\n"
+        "def get_inputs():\n    return [torch.randn(33, 19), torch.randn(19, 23), "
+        "torch.randn(23), torch.randn(33, 1), torch.randn(33, 23)]\n\n\n"
+        "def get_init_inputs():\n    return []\n")
+    source = check(path, SMALL)
+    assert source.count("_BROADCAST=1 if") == 3
+
+
 def test_candidates_pass_the_evaluator(tmp_path):
     path = write_problem(tmp_path / "problem.py", "linear", ["torch.nn.functional.gelu(v)",
                                                              "v * 0.5 + in3"],
