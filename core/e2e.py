@@ -27,6 +27,20 @@ FRESH_SEEDS = (101, 102, 103)
 # The installed model may be this much slower than torch.compile before a kernel is taken out:
 # the evaluator's timing spreads under 2% on an H200 (bench/results/evaluate_h200.md).
 SLOWER_MARGIN = 0.02
+# Where torch.compile itself lands outside the evaluator's tolerance of eager (a deep bf16 model:
+# GPT-2 small's logits on an H200, worst element 0.0123 of their scale against 0.01), the
+# installed model may deviate as far as this many times compile's worst element. Measured
+# there: 0.0118 and 0.0129 with one matmul kernel of Kiln's or the other, 0.0123 with none.
+COMPILE_NOISE_FACTOR = 1.5
+
+
+@dataclass(frozen=True)
+class Deviation:
+    """How far a model's outputs land from eager's on the fresh inputs, over every seed."""
+
+    mismatch: str  # the first element outside the evaluator's tolerance; '' if none
+    max_abs_err: float
+    max_rel_err: float  # relative to the reference output's scale, as the tolerance is
 
 
 @dataclass(frozen=True)
@@ -54,6 +68,7 @@ class EndToEnd:
     speedup_vs_eager: float
     speedup_vs_compile: float
     predicted_speedup: float  # Amdahl, from the installed sites' speedups against eager
+    compile_max_rel_err: float  # torch.compile's own worst element against eager
     rest: str  # what ran the ops without a kernel: "inductor" or "eager"
     timing: str  # "gpu" or "cpu"
     installed: list[str] = field(default_factory=list)  # site keys whose kernels ran
@@ -102,9 +117,10 @@ def _tolerances(reference: object, matrix_anchors: bool, device: str
 
 
 def check_outputs(model: nn.Module, installed: Callable, inputs: tuple, matrix_anchors: bool,
-                  device: str) -> tuple[str, float, float]:
-    """(why the installed model is wrong or '' if right, max abs error, max rel error)."""
+                  device: str) -> Deviation:
+    """`installed` against eager `model` on each fresh seed's inputs."""
     worst_abs = worst_rel = 0.0
+    mismatch = ""
     for seed in FRESH_SEEDS:
         fresh = fresh_like(inputs, seed)
         with torch.no_grad():
@@ -114,10 +130,34 @@ def check_outputs(model: nn.Module, installed: Callable, inputs: tuple, matrix_a
                                      _tolerances(reference, matrix_anchors, device))
         worst_abs = max(worst_abs, comparison.max_abs_err)
         worst_rel = max(worst_rel, comparison.max_rel_err)
-        if comparison.mismatch is not None:
-            return (f"fresh inputs (seed {seed}): {comparison.mismatch.message}",
-                    worst_abs, worst_rel)
-    return "", worst_abs, worst_rel
+        if comparison.mismatch is not None and not mismatch:
+            mismatch = f"fresh inputs (seed {seed}): {comparison.mismatch.message}"
+    return Deviation(mismatch, worst_abs, worst_rel)
+
+
+def why_wrong(deviation: Deviation, compiled: Deviation) -> str:
+    """Why a model that deviates from eager this much is wrong; '' when it is right: within the
+    evaluator's tolerance, or no further from eager than torch.compile itself lands (as much
+    as `COMPILE_NOISE_FACTOR` times its worst element) where compile is outside it too."""
+    if not deviation.mismatch:
+        return ""
+    if compiled.mismatch and deviation.max_rel_err <= (COMPILE_NOISE_FACTOR
+                                                       * compiled.max_rel_err):
+        return ""
+    if compiled.mismatch:
+        return (f"{deviation.mismatch}; torch.compile's own worst element is "
+                f"{compiled.max_rel_err:.3g}, and up to {COMPILE_NOISE_FACTOR}x that is allowed")
+    return deviation.mismatch
+
+
+def correctness_text(e2e: dict[str, object]) -> str:
+    """The check's outcome for the reports: `correct` or why not, with the worst errors (runs
+    stored before torch.compile's own error was kept show the model's alone)."""
+    verdict = "correct" if e2e["correct"] else f"wrong: {e2e['reason']}"
+    errors = f"max relative error {e2e['max_rel_err']:.2g}"
+    if e2e.get("compile_max_rel_err") is not None:
+        errors += f"; torch.compile's own {e2e['compile_max_rel_err']:.2g}"
+    return f"{verdict} on fresh inputs ({errors})"
 
 
 class EndToEndCheck:
@@ -150,9 +190,11 @@ class EndToEndCheck:
             installed(*self.input_sets[0])  # compiled here, not inside the timing
         return installed
 
-    def _check(self, installed: Callable) -> tuple[str, float, float]:
-        return check_outputs(self.model, installed, self.inputs, self.matrix_anchors,
-                             self.device)
+    def _deviation(self, model: Callable) -> Deviation:
+        return check_outputs(self.model, model, self.inputs, self.matrix_anchors, self.device)
+
+    def _wrong(self, installed: Callable, compiled: Deviation) -> str:
+        return why_wrong(self._deviation(installed), compiled)
 
     def run(self, total_ms: float, gains: list[SiteGain]) -> EndToEnd:
         self.progress.step("end to end: timing eager and torch.compile")
@@ -161,16 +203,17 @@ class EndToEndCheck:
         with torch.no_grad():
             compiled(*self.input_sets[0])
         compile_ms = self.time(compiled)
+        compiled_deviation = self._deviation(compiled)
         rest = self.rest or ("inductor" if compile_ms <= eager_ms else "eager")
         target_ms = min(eager_ms, compile_ms)
         kept = sorted(gains, key=lambda g: -g.saved_ms)
         removed: dict[str, str] = {}
         self.progress.step(f"end to end: installing {len(kept)} kernel(s), the rest to {rest}")
         installed = self._install(kept, rest)
-        if self._check(installed)[0]:
+        if self._wrong(installed, compiled_deviation):
             # Each kernel passed on its site alone; find the ones the whole model disagrees with.
             for gain in list(kept):
-                wrong = self._check(self._install([gain], rest))[0]
+                wrong = self._wrong(self._install([gain], rest), compiled_deviation)
                 if wrong:
                     kept.remove(gain)
                     removed[gain.kernel.key] = f"the model was wrong with it: {wrong}"
@@ -187,18 +230,21 @@ class EndToEndCheck:
             self.progress.step(f"end to end: {dropped.kernel.key} slowed the model; taken out")
             installed = self._install(kept, rest)
             optimized_ms = self.time(installed)
-        reason, max_abs, max_rel = self._check(installed)
+        deviation = self._deviation(installed)
+        reason = why_wrong(deviation, compiled_deviation)
         failures = installed.failures()
         for key, why in failures.items():
             removed[key] = f"failed at run time and fell back to PyTorch: {why}"
         ran = sorted({call.split(": ")[0] for call in installed.calls
                       if call.endswith(": kernel")} - set(failures))
         return EndToEnd(
-            correct=not reason, reason=reason, max_abs_err=max_abs, max_rel_err=max_rel,
+            correct=not reason, reason=reason, max_abs_err=deviation.max_abs_err,
+            max_rel_err=deviation.max_rel_err,
             eager_ms=eager_ms, optimized_ms=optimized_ms, compile_ms=compile_ms,
             speedup_vs_eager=eager_ms / optimized_ms,
             speedup_vs_compile=compile_ms / optimized_ms,
             predicted_speedup=predicted_speedup(total_ms,
                                                 [g for g in kept if g.kernel.key in ran]),
-            rest=rest, timing="gpu" if self.device == "cuda" else "cpu",
+            compile_max_rel_err=compiled_deviation.max_rel_err, rest=rest,
+            timing="gpu" if self.device == "cuda" else "cpu",
             installed=ran, removed=removed, calls=installed.stats())

@@ -193,10 +193,16 @@ def install(model: nn.Module, kernels: list[SiteKernel], rest: str = "inductor",
             calls: Counter[str] | None = None) -> InstalledModel:
     """`model` with each kernel's site calling it; `rest` runs everything else: "inductor"
     (torch.compile's default compiler) or "eager" (the captured ops as they are). Kernel
-    calls and fallbacks are counted in `calls` (a new counter if not given)."""
+    calls and fallbacks are counted in `calls` (a new counter if not given). With no kernels
+    nothing is captured: the model runs as `torch.compile(model)`, or as it is (its captured
+    graphs run eagerly can be slower than the model itself: ViT-B/16's took 7.5 ms against
+    4.2 ms in bf16 on an H200)."""
     if rest not in ("inductor", "eager"):
         raise ValueError(f"rest must be 'inductor' or 'eager', not {rest!r}")
     calls = Counter() if calls is None else calls
+    if not kernels:
+        return InstalledModel(model, torch.compile(model) if rest == "inductor" else model,
+                              {}, calls, [])
     guarded = {k.key: load_guarded(k, calls) for k in kernels}
     ops = {key: site_op(g) for key, g in guarded.items()}
     replaced: list[str] = []

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from core.e2e import correctness_text
+
 
 def _ms(value: float | None) -> str:
     return "-" if value is None or value == float("inf") else f"{value:.4f}"
@@ -23,11 +25,10 @@ def markdown_report(report: dict) -> str:
              ""]
     e2e = report.get("e2e")
     if e2e:
-        verdict = "correct" if e2e["correct"] else f"**wrong**: {e2e['reason']}"
+        verdict = correctness_text(e2e).replace("wrong:", "**wrong**:", 1)
         lines += ["## End to end", "",
                   f"{len(e2e['installed'])} kernel(s) installed, every other op run by "
-                  f"{e2e['rest']}; {verdict} on fresh inputs (max relative error "
-                  f"{e2e['max_rel_err']:.2g}). Timing: {e2e['timing'].upper()}.", ""]
+                  f"{e2e['rest']}; {verdict}. Timing: {e2e['timing'].upper()}.", ""]
         lines += _table(
             ["eager ms", "torch.compile ms", "Kiln ms", "vs eager", "vs torch.compile",
              "predicted (Amdahl) vs eager"],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from core.e2e import correctness_text
 from core.profile import Profile
 from core.sites import Site, SiteTable
 
@@ -100,10 +101,10 @@ def print_search_table(report: dict, out=sys.stdout) -> None:
 
 
 def print_end_to_end(e2e: dict, out=sys.stdout) -> None:
-    verdict = "correct" if e2e["correct"] else f"WRONG: {e2e['reason']}"
+    verdict = correctness_text(e2e).replace("wrong:", "WRONG:", 1)
     print(f"\nend to end ({e2e['timing'].upper()} timing): the model with "
-          f"{len(e2e['installed'])} kernel(s) installed, the rest {e2e['rest']}: {verdict} "
-          f"on fresh inputs (max relative error {e2e['max_rel_err']:.2g})", file=out)
+          f"{len(e2e['installed'])} kernel(s) installed, the rest {e2e['rest']}: {verdict}",
+          file=out)
     print(f"{'eager ms':>10} {'compile ms':>11} {'Kiln ms':>10} {'vs eager':>9} "
           f"{'vs compile':>11} {'predicted':>10}", file=out)
     print(f"{e2e['eager_ms']:10.4f} {e2e['compile_ms']:11.4f} {e2e['optimized_ms']:10.4f} "

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn as nn
 
-from core.e2e import EndToEndCheck, SiteGain, fresh_like, predicted_speedup
+from core.e2e import EndToEndCheck, SiteGain, correctness_text, fresh_like, predicted_speedup
 from core.install import SiteKernel
 from core.markdown_report import markdown_report
 from core.progress import Progress
@@ -27,6 +28,16 @@ class ModelNew(nn.Module):
         time.sleep(0.05)
         return self.reference(*args)
 '''
+
+
+class RoundedChain(nn.Module):
+    """Forty multiply-adds: eager rounds each to bf16, inductor only the last, so in bf16
+    torch.compile lands 3.5% of the output's scale from eager (the tolerance is 1%)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(40):
+            x = x * 1.01 + 0.05
+        return x
 
 
 def gains(kernels: list[SiteKernel]) -> list[SiteGain]:
@@ -77,13 +88,7 @@ def test_winners_installed_are_checked_and_timed(tmp_path):
 def test_a_kernel_the_whole_model_disagrees_with_is_taken_out(tmp_path):
     model, inputs = models.make_mlp()
     kernels = site_kernels(model, inputs, tmp_path)
-    wrong = kernels[0].source.replace("class ModelNew(nn.Module):", """class ModelNew(nn.Module):
-    def __call__(self, *args):
-        out = super().__call__(*args)
-        return out * 1.01 if isinstance(out, torch.Tensor) else out
-""")
-    assert wrong != kernels[0].source
-    bad = SiteKernel(kernels[0].key, wrong, kernels[0].problem_source)
+    bad = scaled(kernels[0], 1.01)
     result = check().run(total_ms=10.0, gains=gains([bad, *kernels[1:]]))
     assert result.correct, result.reason
     assert bad.key not in result.installed
@@ -115,3 +120,41 @@ def test_the_markdown_report_carries_the_figures(tmp_path):
     assert f"{e2e['optimized_ms']:.4f}" in text and f"{e2e['speedup_vs_eager']:.2f}x" in text
     assert f"| `{kernels[0].key}` | 3 | 1.0000 | 0.8000 | triton | 0.4000 | 2.00x |" in text
     assert "linear → gelu \\| f32[4,8]" in text
+
+
+def scaled(kernel: SiteKernel, factor: float) -> SiteKernel:
+    """`kernel` with every output multiplied by `factor`: a wrong kernel."""
+    wrong = kernel.source.replace("class ModelNew(nn.Module):", f"""class ModelNew(nn.Module):
+    def __call__(self, *args):
+        out = super().__call__(*args)
+        return out * {factor} if isinstance(out, torch.Tensor) else out
+""")
+    assert wrong != kernel.source
+    return SiteKernel(kernel.key, wrong, kernel.problem_source)
+
+
+def chain_check() -> tuple[nn.Module, tuple, EndToEndCheck]:
+    model, inputs = RoundedChain().eval(), (torch.randn(64, 64).bfloat16(),)
+    return model, inputs, EndToEndCheck(model, inputs, "cpu", matrix_anchors=False,
+                                        progress=Progress(enabled=False), rest="inductor",
+                                        drop_slower=False)
+
+
+def test_a_model_as_close_to_eager_as_torch_compile_is_correct(tmp_path):
+    model, inputs, e2e = chain_check()
+    kernels = site_kernels(model, inputs, tmp_path)
+    result = e2e.run(total_ms=1.0, gains=gains(kernels))
+    assert result.compile_max_rel_err > 1e-2, "torch.compile was within the bf16 tolerance"
+    assert result.correct, result.reason
+    assert result.installed == [k.key for k in kernels]
+    assert 1e-2 < result.max_rel_err <= 1.5 * result.compile_max_rel_err
+    assert "torch.compile's own" in correctness_text(result.to_dict())
+
+
+def test_a_kernel_far_beyond_torch_compiles_own_error_is_taken_out(tmp_path):
+    model, inputs, e2e = chain_check()
+    bad = scaled(site_kernels(model, inputs, tmp_path)[0], 1.2)
+    result = e2e.run(total_ms=1.0, gains=gains([bad]))
+    assert result.correct, result.reason
+    assert result.installed == []
+    assert "torch.compile's own worst element is" in result.removed[bad.key]

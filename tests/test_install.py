@@ -69,6 +69,19 @@ def test_the_rest_goes_to_inductor_and_the_kernels_still_run(tmp_path):
         == len(kernels)
 
 
+def test_with_no_kernels_the_model_runs_as_it_is_or_as_torch_compile_makes_it():
+    model, inputs = models.make_mlp()
+    torch._dynamo.reset()
+    as_is = install(model, [], rest="eager")
+    assert as_is.compiled is model
+    compiled = install(model, [], rest="inductor")
+    assert isinstance(compiled.compiled, torch._dynamo.eval_frame.OptimizedModule)
+    assert compiled.compiled._orig_mod is model
+    with torch.no_grad():
+        assert_close(compiled(*inputs), model(*inputs), "mlp under torch.compile")
+    assert compiled.replaced == [] and compiled.stats() == {}
+
+
 class Scaled(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * 3
