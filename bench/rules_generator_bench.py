@@ -5,11 +5,11 @@ against eager, torch.compile and its roofline floor. Prints one table.
 
 Each site is searched as `core.optimize` searches it: a tree of the generator's kernels
 (Triton, and CUDA where the family has it) ranked by UCT on the latency the evaluator measures
-on the GPU against the faster of the site's eager and compiled times, until the search stops
-(90% of the floor, or 12 evaluations without a new best) or `--evaluations` kernels were
-judged. The fastest accepted kernel is the family's result. Targets: memory-bound families at
->= 85% of the byte floor and never slower than torch.compile; matmul with epilogue within 10%
-of torch.compile in bf16; conv with epilogue faster than eager.
+on the GPU against the faster of the site's eager and compiled times, until 12 evaluations
+bring no new best or `--evaluations` kernels were judged. The fastest accepted kernel is the
+family's result. Targets: memory-bound families at >= 85% of the byte floor and never slower
+than torch.compile; matmul with epilogue within 10% of torch.compile in bf16; conv with
+epilogue faster than eager.
 """
 
 from __future__ import annotations
@@ -148,7 +148,10 @@ def search_case(generator: RulesGenerator, evaluator: Evaluator, problem: Path,
     def record(node: Node) -> None:
         del node  # the bench keeps its own list of what was judged
 
-    search = SiteSearch(baseline_ms, floor_ms, propose, evaluate, record, SearchConfig())
+    # No stop near the floor: `core.optimize` skips a site whose compiled time is already
+    # within 90% of it, but the question here is how close the rules themselves get.
+    search = SiteSearch(baseline_ms, floor_ms, propose, evaluate, record,
+                        SearchConfig(floor_fraction=1.0))
     while not search.done and search.evaluations < evaluations:
         if not search.step(limit=evaluations - search.evaluations):
             break
