@@ -6,7 +6,9 @@
 Each entry of `bench/suite.py` is optimized by `python -m core.optimize` in its own process
 and store (rules generator, fixed budget). `--parallel N` runs N entries at once: every
 timing of every Kiln process holds the GPU alone through its device lock, so entries sharing
-a GPU share its idle time (compiles, checks), not their measurements.
+a GPU share its idle time (compiles, checks), not their measurements. They do share the
+CPU: a model whose speed depends on how fast Python launches its kernels times slower beside
+other runs, so run whole models with `--parallel 1` for figures to keep.
 
 The table gives, per entry: whether the installed model passed the end-to-end check, its time
 against eager, against torch.compile and against the faster of the two, Amdahl's prediction,
