@@ -141,19 +141,18 @@ def why_wrong(deviation: Deviation, compiled: Deviation) -> str:
     as `COMPILE_NOISE_FACTOR` times its worst element) where compile is outside it too."""
     if not deviation.mismatch:
         return ""
-    if compiled.mismatch and deviation.max_rel_err <= (COMPILE_NOISE_FACTOR
-                                                       * compiled.max_rel_err):
+    if not compiled.mismatch:
+        return deviation.mismatch
+    if deviation.max_rel_err <= COMPILE_NOISE_FACTOR * compiled.max_rel_err:
         return ""
-    if compiled.mismatch:
-        return (f"{deviation.mismatch}; torch.compile's own worst element is "
-                f"{compiled.max_rel_err:.3g}, and up to {COMPILE_NOISE_FACTOR}x that is allowed")
-    return deviation.mismatch
+    return (f"{deviation.mismatch}; torch.compile's own worst element is "
+            f"{compiled.max_rel_err:.3g}, and up to {COMPILE_NOISE_FACTOR}x that is allowed")
 
 
-def correctness_text(e2e: dict[str, object]) -> str:
-    """The check's outcome for the reports: `correct` or why not, with the worst errors (runs
-    stored before torch.compile's own error was kept show the model's alone)."""
-    verdict = "correct" if e2e["correct"] else f"wrong: {e2e['reason']}"
+def correctness_text(e2e: dict[str, object], wrong: str = "wrong") -> str:
+    """The check's outcome for the reports: `correct`, or `wrong` and why, with the worst
+    errors (runs stored before torch.compile's own error was kept show the model's alone)."""
+    verdict = "correct" if e2e["correct"] else f"{wrong}: {e2e['reason']}"
     errors = f"max relative error {e2e['max_rel_err']:.2g}"
     if e2e.get("compile_max_rel_err") is not None:
         errors += f"; torch.compile's own {e2e['compile_max_rel_err']:.2g}"

@@ -25,7 +25,7 @@ def markdown_report(report: dict) -> str:
              ""]
     e2e = report.get("e2e")
     if e2e:
-        verdict = correctness_text(e2e).replace("wrong:", "**wrong**:", 1)
+        verdict = correctness_text(e2e, wrong="**wrong**")
         lines += ["## End to end", "",
                   f"{len(e2e['installed'])} kernel(s) installed, every other op run by "
                   f"{e2e['rest']}; {verdict}. Timing: {e2e['timing'].upper()}.", ""]

@@ -101,7 +101,7 @@ def print_search_table(report: dict, out=sys.stdout) -> None:
 
 
 def print_end_to_end(e2e: dict, out=sys.stdout) -> None:
-    verdict = correctness_text(e2e).replace("wrong:", "WRONG:", 1)
+    verdict = correctness_text(e2e, wrong="WRONG")
     print(f"\nend to end ({e2e['timing'].upper()} timing): the model with "
           f"{len(e2e['installed'])} kernel(s) installed, the rest {e2e['rest']}: {verdict}",
           file=out)
