@@ -1,7 +1,7 @@
 """Kiln's benchmark suite on a GPU: each entry optimized end to end, one results table.
 
-    python -m bench.suite_bench [--budget 10] [--only name,name] [--parallel N] [--out DIR]
-                                [-- extra core.optimize arguments]
+    python -m bench.suite_bench [--budget 10] [--only name,name] [--skip name,name]
+                                [--parallel N] [--out DIR] [-- extra core.optimize arguments]
 
 Each entry of `bench/suite.py` is optimized by `python -m core.optimize` in its own process
 and store (rules generator, fixed budget). `--parallel N` runs N entries at once: every
@@ -14,7 +14,8 @@ The table gives, per entry: whether the installed model passed the end-to-end ch
 against eager, against torch.compile and against the faster of the two, Amdahl's prediction,
 the time spent, the candidates tried and the tiers of the installed kernels; then the
 geometric means over the suite. The table is printed and written to `DIR/suite.md` as each
-entry finishes, so an interrupted run keeps what it measured.
+entry finishes, so an interrupted run keeps what it measured; each entry's JSON report and
+log are kept beside it, in `DIR/<entry>/`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.suite import SUITE, SuiteEntry, entry  # noqa: E402
+from core.errors import exit_on_input_error  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,7 @@ def optimize(item: SuiteEntry, args: argparse.Namespace, extra: list[str]) -> Ou
         last = result.stderr.strip().splitlines()[-1:] or ["no output"]
         return Outcome(item.name, item.dtype, None, math.nan, math.nan, math.nan, math.nan,
                        minutes, 0, "-", f"failed ({result.returncode}): {last[0][:120]}")
+    (args.out / item.name / "report.json").write_text(result.stdout)
     report = json.loads(result.stdout)
     e2e = report["e2e"]
     best = {s["id"]: s["best"]["tier"] for s in report["searched"]}
@@ -110,16 +113,24 @@ def table(outcomes: list[Outcome]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def selected(only: str, skip: str) -> list[SuiteEntry]:
+    """The entries named in `only` (comma-separated; all if empty), less those in `skip`."""
+    items = [entry(name) for name in only.split(",")] if only else SUITE
+    skipped = {entry(name).name for name in skip.split(",") if name}
+    return [item for item in items if item.name not in skipped]
+
+
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget", type=float, default=10.0, help="minutes per entry")
     parser.add_argument("--only", default="", help="comma-separated entry names")
+    parser.add_argument("--skip", default="", help="comma-separated entry names to leave out")
     parser.add_argument("--out", type=Path, default=Path("kiln-out/suite"))
     parser.add_argument("--parallel", type=int, default=1, help="entries optimized at once")
     argv = sys.argv[1:]
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
-    items = [entry(name) for name in args.only.split(",")] if args.only else SUITE
+    items = selected(args.only, args.skip)
     args.out.mkdir(parents=True, exist_ok=True)
     finished: dict[str, Outcome] = {}
     with ThreadPoolExecutor(max_workers=args.parallel) as pool:
@@ -132,7 +143,8 @@ def main() -> None:
             done = [finished[i.name] for i in items if i.name in finished]
             (args.out / "suite.md").write_text(table(done) + "\n")
     print(table([finished[item.name] for item in items]))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_input_error(main)

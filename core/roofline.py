@@ -30,6 +30,8 @@ class GpuPeaks:
     bandwidth: float = 4.3e12  # bytes/s, device-to-device copy counting read + write
     matrix_flops: dict[str, float] = field(default_factory=_h200_matrix_peaks)
     vector_flops: float = 67e12  # plain fp32 arithmetic, the datasheet's figure
+    sms: int = 132  # NVIDIA's Hopper datasheet, as the L2 below
+    l2_bytes: int = 50 * 2**20
 
     def matrix_peak(self, dtype: torch.dtype) -> float:
         key = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")

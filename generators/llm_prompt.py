@@ -31,9 +31,6 @@ TARGETS = {
     "cuda": "Tier `cuda`: write the region as CUDA C++ `__global__` kernels loaded with "
             "`core.cuda_runtime.load_kernel`; no Triton.",
 }
-# An H200 without a GPU to ask: 132 SMs and 50 MB of L2 (NVIDIA's Hopper datasheet).
-H200_SMS = 132
-H200_L2_BYTES = 50 * 2**20
 FENCE = re.compile(r"```[ \t]*([\w+.-]*)[^\n]*\n(.*?)^[ \t]*```", re.DOTALL | re.MULTILINE)
 LOG_LIMIT = 4000  # characters of a compiler log: the first errors are the useful ones
 
@@ -50,7 +47,7 @@ def gpu_facts(peaks: GpuPeaks) -> str:
         memory = f"{props.total_memory / 2**30:.0f} GiB, compute capability " \
                  f"{props.major}.{props.minor}"
     else:
-        name, sms, l2 = f"NVIDIA {peaks.name}", H200_SMS, H200_L2_BYTES
+        name, sms, l2 = f"NVIDIA {peaks.name}", peaks.sms, peaks.l2_bytes
         memory = "141 GB HBM3e, compute capability 9.0"
     matrix = ", ".join(f"{dtype} {flops / 1e12:.0f}" for dtype, flops in
                        peaks.matrix_flops.items())

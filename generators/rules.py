@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from core.roofline import GpuPeaks
 from generators.base import Parent, Proposal, Proposals, source_digest
 from generators.cuda_pointwise import CudaPointwiseConfig, write_cuda_pointwise
 from generators.cuda_reduction import CudaReductionConfig, write_cuda_reduction
@@ -99,6 +100,11 @@ def _group_norm_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
     if max(info.numel for info in graph.inputs) >= 1 << 22:
         drafts.append((GroupNormConfig(block=4096, num_warps=8),
                        "large groups: 4096-element tiles with 8 warps keep more bytes in flight"))
+    largest = max(graph.inputs, key=lambda info: info.numel)
+    if largest.numel * largest.dtype.itemsize > GpuPeaks().l2_bytes:
+        drafts.append((GroupNormConfig(block=4096, num_warps=16, persistent=True),
+                       "an input larger than L2: one persistent 16-warp program per SM keeps "
+                       "only the groups in flight in L2, so the second walk reads them there"))
     return drafts
 
 

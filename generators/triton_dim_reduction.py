@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from core.roofline import GpuPeaks
 from generators.codegen import indent, op_refs
 from generators.expressions import elementwise, tl_dtype, with_jit_helpers
 from generators.site_graph import Op, Ref, SiteGraph, Unsupported
@@ -22,7 +23,7 @@ from generators.site_graph import Op, Ref, SiteGraph, Unsupported
 FOLDS = {"sum": ("tl.sum", "0.0", "+"), "mean": ("tl.sum", "0.0", "+"),
          "amax": ("tl.max", "float('-inf')", "max"), "amin": ("tl.min", "float('inf')", "min")}
 AUTO_SPLIT = 0  # `split` value meaning: chosen at run time from the shape and the SM count
-H200_SMS = 132  # what rationales assume when no GPU is at hand to ask
+H200_SMS = GpuPeaks().sms  # what rationales assume when no GPU is at hand to ask
 
 
 @dataclass(frozen=True)

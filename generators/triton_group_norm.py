@@ -24,9 +24,13 @@ from generators.site_graph import Op, Ref, SiteGraph, TensorInfo, Unsupported
 class GroupNormConfig:
     block: int = 2048  # elements per tile: BLOCK_S positions × BLOCK_C channels
     num_warps: int = 4
+    persistent: bool = False  # a grid of programs_per_sm per SM, each taking groups in turn
+    programs_per_sm: int = 1
 
     def describe(self) -> str:
-        return f"one program per (sample, group), tiles of {self.block}, {self.num_warps} warps"
+        schedule = (f"{self.programs_per_sm} persistent program(s) per SM taking (sample, "
+                    "group)s in turn" if self.persistent else "one program per (sample, group)")
+        return f"{schedule}, tiles of {self.block}, {self.num_warps} warps"
 
 
 @dataclass(frozen=True)
@@ -192,19 +196,43 @@ def group_norm_kernel(
 {pointer_params}
 {stride_params}
     groups,
+    total_groups,
+    STEPS: tl.constexpr,
     GROUP_C: tl.constexpr,
     SPATIAL: tl.constexpr,
     BLOCK_C: tl.constexpr,
     BLOCK_S: tl.constexpr,
 ):
-    program = tl.program_id(0)
-    sample = program // groups
-    first = (program % groups) * GROUP_C
+    # Program p takes (sample, group)s p, p + grid, ...: one each on a full grid; in turn on a
+    # persistent one, whose few groups in flight stay in L2 between their two walks.
+    for step in range(STEPS):
+        work = tl.program_id(0) + step * tl.num_programs(0)
+        live = work < total_groups
+        sample = work // groups
+        first = (work % groups) * GROUP_C
+        group_norm_walks(
+{walk_args}
+            sample, first, live, groups, GROUP_C, SPATIAL, BLOCK_C, BLOCK_S)
+
+
+@triton.jit
+def group_norm_walks(
+{pointer_params}
+{stride_params}
+    sample,
+    first,
+    live,
+    groups,
+    GROUP_C: tl.constexpr,
+    SPATIAL: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
     count = tl.zeros([BLOCK_C, BLOCK_S], tl.float32)
     mean = tl.zeros([BLOCK_C, BLOCK_S], tl.float32)
     m2 = tl.zeros([BLOCK_C, BLOCK_S], tl.float32)
     for c0 in range(0, GROUP_C, BLOCK_C):
-        channel_mask = c0 + tl.arange(0, BLOCK_C) < GROUP_C
+        channel_mask = (c0 + tl.arange(0, BLOCK_C) < GROUP_C) & live
         channels = first + c0 + tl.arange(0, BLOCK_C)
         for s0 in range(0, SPATIAL, BLOCK_S):
             positions = s0 + tl.arange(0, BLOCK_S)
@@ -224,7 +252,7 @@ def group_norm_kernel(
     # first.
     for c_back in range(0, GROUP_C, BLOCK_C):
         c0 = (GROUP_C - 1) // BLOCK_C * BLOCK_C - c_back
-        channel_mask = c0 + tl.arange(0, BLOCK_C) < GROUP_C
+        channel_mask = (c0 + tl.arange(0, BLOCK_C) < GROUP_C) & live
         channels = first + c0 + tl.arange(0, BLOCK_C)
         for s_back in range(0, SPATIAL, BLOCK_S):
             s0 = (SPATIAL - 1) // BLOCK_S * BLOCK_S - s_back
@@ -252,10 +280,14 @@ class ModelNew(nn.Module):
 {allocs}
         block_s = min(triton.next_power_of_2(spatial), {block})
         block_c = max(1, min(triton.next_power_of_2(c // {groups}), {block} // block_s))
-        group_norm_kernel[(n * {groups},)](
+        total_groups = n * {groups}
+{grid}
+        group_norm_kernel[(grid,)](
             {pointer_args},
             {stride_args}
             {groups},
+            total_groups,
+            STEPS=triton.cdiv(total_groups, grid),
             GROUP_C=c // {groups},
             SPATIAL=spatial,
             BLOCK_C=block_c,
@@ -264,6 +296,13 @@ class ModelNew(nn.Module):
         )
         return {returns}
 '''
+
+
+def _persistent_grid(source: str, programs_per_sm: int) -> list[str]:
+    # The Triton interpreter runs on the CPU, where there are no SMs to count: one stands in.
+    return [f"sms = (torch.cuda.get_device_properties({source}.device).multi_processor_count",
+            f"       if {source}.device.type == \"cuda\" else 1)",
+            f"grid = max(1, min(total_groups, {programs_per_sm} * sms))"]
 
 
 def write_group_norm(graph: SiteGraph, config: GroupNormConfig) -> str:
@@ -317,5 +356,10 @@ def write_group_norm(graph: SiteGraph, config: GroupNormConfig) -> str:
                                + [f"out{k}" for k in range(len(graph.outputs))]),
         stride_args=stride_args(site),
         num_warps=config.num_warps,
+        grid=indent(_persistent_grid(row_source, config.programs_per_sm) if config.persistent
+                    else ["grid = max(total_groups, 1)"], 8),
+        walk_args=indent([f"in{i}_ptr," for i in site.used]
+                         + [f"out{k}_ptr," for k in range(len(graph.outputs))]
+                         + stride_params(site), 12),
         returns=", ".join(f"out{k}" for k in range(len(graph.outputs))),
     ))

@@ -71,6 +71,15 @@ def test_strided_inputs_and_other_sizes(tmp_path):
         check(path, small_tiles(32), inputs=[channels_last, torch.randn(c), torch.randn(c)])
 
 
+@pytest.mark.parametrize("programs", [1, 3])
+def test_a_persistent_grid_takes_every_group_in_turn(programs, tmp_path):
+    # On the CPU one SM stands in: 1 program walks all 8 (sample, group)s; 3 programs leave
+    # the last a step with no group, which must store nothing.
+    path = problem(tmp_path, "residual_prologue", torch.float32)
+    config = GroupNormConfig(block=16, num_warps=2, persistent=True, programs_per_sm=programs)
+    check(path, lambda graph: write_group_norm(graph, config))
+
+
 def test_every_draft_is_accepted_by_the_evaluator(tmp_path):
     path = problem(tmp_path, "residual_prologue", torch.float32)
     drafts = RulesGenerator().propose(path, None, n=4)
@@ -105,7 +114,8 @@ def test_group_norm_drafts_are_accepted_on_the_gpu_at_realistic_sizes(tmp_path):
         "torch.randn(320).bfloat16(), torch.randn(320).bfloat16()]\n\n\n"
         "def get_init_inputs():\n    return []\n")
     graph = load_site_graph(path)
-    configs = [GroupNormConfig(), GroupNormConfig(block=4096, num_warps=8)]
+    configs = [GroupNormConfig(), GroupNormConfig(block=4096, num_warps=8),
+               GroupNormConfig(block=4096, num_warps=16, persistent=True)]
     for config in configs:
         verdict = evaluate(path, write_group_norm(graph, config), EvalConfig(device="cuda"))
         assert verdict.accepted, (config, verdict.reason)

@@ -1,0 +1,121 @@
+"""What installing costs a whole model: each site replaced by its own PyTorch ops.
+
+    python -m bench.install_overhead_bench torchvision:resnet50 [--dtype bf16] [--batch 32]
+                                           [--family conv] [--sites 1,all] [--rules]
+
+A site whose kernel is its own ops (the site problem's `Model` as the `ModelNew`) gives the
+model nothing to gain, so whatever it loses against `torch.compile` is the price of the
+boundary: the custom op inductor cannot fuse across, the layout it must hand over, the Python
+call. Rows: torch.compile, then the largest `--family` sites (by time) replaced by their own
+ops, one count per `--sites` entry; `--rules` adds the same sites with the rules generator's
+first draft. Each row gives the median time (the evaluator's timing), the kernels the GPU ran
+per forward and their summed time (torch.profiler), and the kernel calls against fallbacks.
+`--device cpu` runs the same rows on the CPU (Triton drafts need TRITON_INTERPRET=1 there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from core.capture import capture  # noqa: E402
+from core.e2e import fresh_like  # noqa: E402
+from core.eval_timing import device_lock_path, exclusive_device, time_model  # noqa: E402
+from core.install import SiteKernel, install  # noqa: E402
+from core.load import BuiltinShape, load_model  # noqa: E402
+from core.roofline import GpuPeaks  # noqa: E402
+from core.sites import Site, find_sites  # noqa: E402
+from generators.rules import RulesGenerator  # noqa: E402
+
+PASSTHROUGH = "\n\nclass ModelNew(Model):\n    \"\"\"The site's own ops.\"\"\"\n"
+
+
+def own_ops(site: Site) -> SiteKernel:
+    return SiteKernel(site.key, site.problem.source + PASSTHROUGH, site.problem.source)
+
+
+def rules_draft(site: Site, folder: Path) -> SiteKernel | None:
+    problem = folder / site.key / "problem.py"
+    problem.parent.mkdir(parents=True, exist_ok=True)
+    problem.write_text(site.problem.source)
+    drafts = RulesGenerator().propose(problem, None, 1, tiers=("triton",)).children
+    return SiteKernel(site.key, drafts[0].source, site.problem.source) if drafts else None
+
+
+def profile(run: object, inputs: list, device: torch.device
+            ) -> tuple[int, float, list[tuple[str, float]]]:
+    """Kernels per forward, their summed device time (ms) and the five longest kernel names
+    (on the CPU: the ATen ops at the bottom of the stack)."""
+    activity, kind = ((torch.profiler.ProfilerActivity.CUDA, torch.autograd.DeviceType.CUDA)
+                      if device.type == "cuda" else
+                      (torch.profiler.ProfilerActivity.CPU, torch.autograd.DeviceType.CPU))
+    with torch.no_grad(), torch.profiler.profile(activities=[activity]) as prof:
+        run(*inputs)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == kind and not e.cpu_children]
+    by_name: Counter[str] = Counter()
+    for event in kernels:
+        by_name[event.name[:60]] += event.device_time / 1e3
+    return len(kernels), sum(by_name.values()), by_name.most_common(5)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model")
+    parser.add_argument("--dtype", default="bf16")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--family", default="conv")
+    parser.add_argument("--sites", default="1,all", help="site counts to replace")
+    parser.add_argument("--rules", action="store_true", help="also the rules' first drafts")
+    parser.add_argument("--device", default="cuda")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    loaded = load_model(args.model, device, args.dtype, shape=BuiltinShape(batch=args.batch))
+    model, inputs = loaded.model, loaded.inputs
+    table = find_sites(capture(model, inputs, device), GpuPeaks())
+    sites = sorted((s for s in table.sites if s.family == args.family),
+                   key=lambda s: -s.time_ms)
+    input_sets = [list(fresh_like(inputs, seed)) for seed in (101, 102, 103)]
+    rows: list[tuple[str, object, Counter[str]]] = [("torch.compile", torch.compile(model),
+                                                      Counter())]
+    folder = Path(tempfile.mkdtemp(prefix="kiln-install-overhead-"))
+    for count in args.sites.split(","):
+        chosen = sites if count == "all" else sites[:int(count)]
+        variants = [("own ops", [own_ops(s) for s in chosen])]
+        if args.rules:
+            drafts = [rules_draft(s, folder) for s in chosen]
+            variants.append(("rules draft", [k for k in drafts if k is not None]))
+        for label, kernels in variants:
+            calls: Counter[str] = Counter()
+            torch._dynamo.reset()
+            rows.append((f"{len(kernels)} site(s), {label}",
+                         install(model, kernels, rest="inductor", calls=calls), calls))
+    where = torch.cuda.get_device_name() if device.type == "cuda" else "the CPU"
+    print(f"{args.model} {args.dtype} batch {args.batch} on {where}, "
+          f"torch {torch.__version__}; {len(sites)} {args.family} sites, largest first: "
+          + ", ".join(f"{s.key} ({s.time_ms:.3f} ms)" for s in sites[:3]))
+    print("\n| model | ms | kernels / forward | GPU kernel ms | kernel calls | fallbacks "
+          "| longest kernels |\n| --- | --- | --- | --- | --- | --- | --- |")
+    for label, run, calls in rows:
+        with torch.no_grad():
+            run(*input_sets[0])
+        with exclusive_device(device_lock_path(device.type)):  # other Kiln runs wait
+            ms = time_model(run, input_sets, device, 10, 50, 500.0).median_ms
+            calls.clear()  # from here, one forward's
+            count, kernel_ms, longest = profile(run, input_sets[0], device)
+        kernel_calls = sum(n for k, n in calls.items() if k.endswith(": kernel"))
+        fallbacks = sum(calls.values()) - kernel_calls
+        print(f"| {label} | {ms:.4f} | {count} | {kernel_ms:.4f} | {kernel_calls} | {fallbacks} "
+              f"| {'; '.join(f'{name} {t:.3f}' for name, t in longest)} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

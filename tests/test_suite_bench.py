@@ -1,0 +1,49 @@
+"""The suite runner: which entries it runs, and the results table it writes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bench.suite import SUITE
+from bench.suite_bench import Outcome, geomean, selected, table
+from core.errors import KilnInputError
+
+
+def outcome(name: str, eager: float, compiled: float, kiln: float,
+            correct: bool | None = True) -> Outcome:
+    return Outcome(name, "bf16", correct, eager, compiled, kiln, eager / kiln, 1.5, 12,
+                   "triton", "")
+
+
+def test_only_and_skip_pick_entries_in_suite_order():
+    assert selected("", "") == SUITE
+    names = [item.name for item in selected("", "resnet50,gpt2,vit_b_16")]
+    assert names == [item.name for item in SUITE if not item.is_builtin]
+    assert [item.name for item in selected("softmax,layer_norm", "layer_norm")] == ["softmax"]
+
+
+def test_an_unknown_name_is_refused_with_the_choices():
+    with pytest.raises(KilnInputError, match="no entry 'resnet5'") as error:
+        selected("", "resnet5")
+    assert "resnet50" in str(error.value.fix)
+
+
+def test_the_table_compares_against_the_faster_baseline_and_means_over_runs_that_ran():
+    rows = [outcome("a", eager=2.0, compiled=1.0, kiln=0.5),   # 2x the faster (compile)
+            outcome("b", eager=1.0, compiled=4.0, kiln=2.0),   # 0.5x the faster (eager)
+            Outcome("c", "fp32", None, math.nan, math.nan, math.nan, math.nan, 0.2, 0, "-",
+                    "failed (1): out of memory")]
+    text = table(rows)
+    assert "| a | bf16 | correct | 2.0000 | 1.0000 | 0.5000 | 4.00x | 2.00x | 2.00x |" in text
+    assert "| b | bf16 | correct | 1.0000 | 4.0000 | 2.0000 | 0.50x | 2.00x | 0.50x |" in text
+    assert "| c | fp32 | failed |" in text and "out of memory" in text
+    # Over a and b only: vs eager sqrt(4 * 0.5), vs compile 2, vs the faster sqrt(2 * 0.5).
+    assert "Geometric mean over 2 entries: 1.414x vs eager, 2.000x vs torch.compile, " \
+           "1.000x vs the faster of the two." in text
+
+
+def test_geomean_ignores_what_did_not_run():
+    assert geomean([2.0, 8.0, math.nan]) == pytest.approx(4.0)
+    assert math.isnan(geomean([]))
