@@ -22,6 +22,12 @@ BROADCAST_SHAPE_HELPER = '''def _broadcast_shape(shapes):
 '''
 
 
+# The SM count of the tensor's `device`, for grids sized per SM. The Triton interpreter runs on
+# the CPU, where there are no SMs to count: one stands in.
+SM_COUNT_LINE = ('sms = torch.cuda.get_device_properties(device).multi_processor_count '
+                 'if device.type == "cuda" else 1')
+
+
 def indent(lines: list[str], depth: int) -> str:
     return "\n".join(" " * depth + line for line in lines)
 

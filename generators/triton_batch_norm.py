@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from generators.codegen import arg, indent
+from generators.codegen import SM_COUNT_LINE, arg, indent
 from generators.expressions import with_jit_helpers
 from generators.site_graph import Ref, SiteGraph, Unsupported
 from generators.triton_group_norm import (
@@ -153,9 +153,7 @@ class ModelNew(nn.Module):
         s_tiles = triton.cdiv(spatial, block_s)
         tiles = triton.cdiv(n, block_r) * s_tiles
         device = {source}.device
-        # The Triton interpreter runs on the CPU, where there are no SMs to count: one stands in.
-        sms = (torch.cuda.get_device_properties(device).multi_processor_count
-               if device.type == "cuda" else 1)
+        {sm_count}
         splits = max(1, min(tiles, triton.cdiv({programs_per_sm} * sms, c)))
         partial = torch.empty((3, c, splits), device=device, dtype=torch.float32)
         tiling = dict(N=n, SPATIAL=spatial, SPLITS=splits, BLOCK_R=block_r, BLOCK_S=block_s,
@@ -253,6 +251,7 @@ def write_batch_norm(graph: SiteGraph, config: BatchNormConfig) -> str:
                        for o, ref in zip(outs, graph.outputs, strict=True)], 8),
         block=config.block,
         programs_per_sm=config.programs_per_sm,
+        sm_count=SM_COUNT_LINE,
         num_warps=config.num_warps,
         stat_pointer_args=", ".join(f"x{i}" for i in stat_site.used),
         pointer_args=", ".join([f"x{i}" for i in site.used] + outs),

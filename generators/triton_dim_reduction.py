@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 
 from core.roofline import GpuPeaks
-from generators.codegen import indent, op_refs
+from generators.codegen import SM_COUNT_LINE, indent, op_refs
 from generators.expressions import elementwise, tl_dtype, with_jit_helpers
 from generators.site_graph import Op, Ref, SiteGraph, Unsupported
 
@@ -160,9 +160,7 @@ _FIXED_SPLIT = '''split = max(1, min({split}, triton.cdiv(reduced, {block_r})))
 ''' + _CHUNKS
 _ONE_PASS_CHUNK = "chunk = triton.cdiv(reduced, {block_r}) * {block_r}"
 
-# The Triton interpreter runs on the CPU, where there are no SMs to count: one stands in.
-_AUTO_SPLIT = '''device = {row_source}.device
-sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+_AUTO_SPLIT = "device = {row_source}.device\n" + SM_COUNT_LINE + '''
 # Enough programs sharing each column tile for about {programs_per_sm} per SM, at most one per
 # BLOCK_R rows.
 wanted = triton.cdiv({programs_per_sm} * sms, max(tiles, 1))

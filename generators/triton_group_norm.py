@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from generators.codegen import arg, indent, op_refs
+from generators.codegen import SM_COUNT_LINE, arg, indent, op_refs
 from generators.expressions import elementwise, tl_dtype, with_jit_helpers
 from generators.site_graph import Op, Ref, SiteGraph, TensorInfo, Unsupported
 
@@ -299,9 +299,7 @@ class ModelNew(nn.Module):
 
 
 def _persistent_grid(source: str, programs_per_sm: int) -> list[str]:
-    # The Triton interpreter runs on the CPU, where there are no SMs to count: one stands in.
-    return [f"sms = (torch.cuda.get_device_properties({source}.device).multi_processor_count",
-            f"       if {source}.device.type == \"cuda\" else 1)",
+    return [f"device = {source}.device", SM_COUNT_LINE,
             f"grid = max(1, min(total_groups, {programs_per_sm} * sms))"]
 
 

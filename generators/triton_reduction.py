@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from generators.codegen import indent, op_refs
+from generators.codegen import SM_COUNT_LINE, indent, op_refs
 from generators.expressions import elementwise, tl_dtype, with_jit_helpers
 from generators.site_graph import Op, Ref, SiteGraph, Unsupported
 
@@ -113,9 +113,7 @@ class ModelNew(nn.Module):
         return {returns}
 '''
 _GRID = "grid = (max(1, blocks),)"
-# The Triton interpreter runs on the CPU, where there are no SMs to count: one stands in.
-_PERSISTENT_GRID = """device = {row_source}.device
-sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+_PERSISTENT_GRID = "device = {row_source}.device\n" + SM_COUNT_LINE + """
 grid = (max(1, min(blocks, {programs_per_sm} * sms)),)"""
 
 
