@@ -82,7 +82,6 @@ class GuardedKernel(nn.Module):
                  proven: list[ProvenInput], calls: Counter[str]) -> None:
         super().__init__()
         self.key, self.kernel, self.reference = key, kernel, reference
-        self.proven = proven
         self._expected = [(torch.Size(p.shape), p.stride, getattr(torch, p.dtype.split(".")[-1]))
                           for p in proven]
         self.calls = calls

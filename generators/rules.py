@@ -97,10 +97,10 @@ def _row_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
 def _group_norm_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
     drafts: list[tuple[object, str]] = [
         (GroupNormConfig(), "one program per (sample, group), 2048-element tiles, 4 warps")]
-    if max(info.numel for info in graph.inputs) >= 1 << 22:
+    largest = max(graph.inputs, key=lambda info: info.numel)
+    if largest.numel >= 1 << 22:
         drafts.append((GroupNormConfig(block=4096, num_warps=8),
                        "large groups: 4096-element tiles with 8 warps keep more bytes in flight"))
-    largest = max(graph.inputs, key=lambda info: info.numel)
     if largest.numel * largest.dtype.itemsize > GpuPeaks().l2_bytes:
         drafts.append((GroupNormConfig(block=4096, num_warps=16, persistent=True),
                        "an input larger than L2: one persistent 16-warp program per SM keeps "
