@@ -8,8 +8,10 @@ model nothing to gain, so whatever it loses against `torch.compile` is the price
 boundary: the custom op inductor cannot fuse across, the layout it must hand over, the Python
 call. Rows: torch.compile, then the largest `--family` sites (by floor) replaced by their own
 ops, one count per `--sites` entry; `--rules` adds the same sites with the rules generator's
-first draft. Each row gives the median time (the evaluator's timing), the kernels the GPU ran
-per forward and their summed time (torch.profiler), and the kernel calls against fallbacks.
+first draft, called through the custom op and traced into inductor's graph (`core.inline`).
+Each row gives the median time (the evaluator's timing), the CPU time to enqueue one forward,
+the kernels the GPU ran per forward and their summed time (torch.profiler), and the kernel
+calls against fallbacks.
 `--device cpu` runs the same rows on the CPU (Triton drafts need TRITON_INTERPRET=1 there).
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -67,6 +70,19 @@ def profile(run: object, inputs: list, device: torch.device
     return len(kernels), sum(by_name.values()), by_name.most_common(5)
 
 
+def enqueue_time_us(run: object, inputs: list, device: torch.device, calls: int = 50) -> float:
+    """CPU time per forward with the GPU left to catch up: what each call costs before its
+    work is queued (the queue holds far more than `calls` forwards' kernels)."""
+    with torch.no_grad():
+        start = time.perf_counter()
+        for _ in range(calls):
+            run(*inputs)
+        spent = time.perf_counter() - start
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    return spent / calls * 1e6
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model")
@@ -90,31 +106,35 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp(prefix="kiln-install-overhead-"))
     for count in args.sites.split(","):
         chosen = sites if count == "all" else sites[:int(count)]
-        variants = [("own ops", [own_ops(s) for s in chosen])]
+        variants = [("own ops", [own_ops(s) for s in chosen], None)]
         if args.rules:
-            drafts = [rules_draft(s, folder) for s in chosen]
-            variants.append(("rules draft", [k for k in drafts if k is not None]))
-        for label, kernels in variants:
+            drafts = [k for k in (rules_draft(s, folder) for s in chosen) if k is not None]
+            variants += [("rules draft, custom op", drafts, False),
+                         ("rules draft, traced", drafts, True)]
+        for label, kernels, trace in variants:
             calls: Counter[str] = Counter()
             torch._dynamo.reset()
             rows.append((f"{len(kernels)} site(s), {label}",
-                         install(model, kernels, rest="inductor", calls=calls), calls))
+                         install(model, kernels, rest="inductor", calls=calls, trace=trace),
+                         calls))
     where = torch.cuda.get_device_name() if device.type == "cuda" else "the CPU"
     print(f"{args.model} {args.dtype} batch {args.batch} on {where}, "
           f"torch {torch.__version__}; {len(sites)} {args.family} sites, largest first: "
           + ", ".join(f"{s.key} (floor {s.floor_ms:.4f} ms)" for s in sites[:3]))
-    print("\n| model | ms | kernels / forward | GPU kernel ms | kernel calls | fallbacks "
-          "| longest kernels |\n| --- | --- | --- | --- | --- | --- | --- |")
+    print("\n| model | ms | CPU µs / forward | kernels / forward | GPU kernel ms | kernel calls "
+          "| fallbacks | longest kernels |\n| --- | --- | --- | --- | --- | --- | --- | --- |")
     for label, run, calls in rows:
         with torch.no_grad():
             run(*input_sets[0])
         with exclusive_device(device_lock_path(device.type)):  # other Kiln runs wait
             ms = time_model(run, input_sets, device, 10, 50, 500.0).median_ms
+            enqueue_us = enqueue_time_us(run, input_sets[0], device)
             calls.clear()  # from here, one forward's
             count, kernel_ms, longest = profile(run, input_sets[0], device)
         kernel_calls = sum(n for k, n in calls.items() if k.endswith(": kernel"))
         fallbacks = sum(calls.values()) - kernel_calls
-        print(f"| {label} | {ms:.4f} | {count} | {kernel_ms:.4f} | {kernel_calls} | {fallbacks} "
+        print(f"| {label} | {ms:.4f} | {enqueue_us:.0f} | {count} | {kernel_ms:.4f} "
+              f"| {kernel_calls} | {fallbacks} "
               f"| {'; '.join(f'{name} {t:.3f}' for name, t in longest)} |", flush=True)
 
 

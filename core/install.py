@@ -11,8 +11,8 @@ dtypes, one device); any other call, and any call after the kernel failed at run
 the site's original PyTorch ops: a wrong answer is never the price of a fallback. With
 `rest="inductor"` every op and site without a winning kernel is handed to inductor, so the
 model is as fast as `torch.compile` wherever Kiln found nothing better; the custom ops are
-opaque to it. Inference only: with autograd recording, the original model runs, with a
-warning that says so.
+opaque to it. On a GPU, inductor launches Triton kernels itself (`core.inline`). Inference
+only: with autograd recording, the original model runs, with a warning that says so.
 """
 
 from __future__ import annotations
@@ -20,16 +20,19 @@ from __future__ import annotations
 import functools
 import logging
 import re
+import sys
 import tempfile
 import warnings
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import torch
 import torch.nn as nn
 
+from core.inline import tracing_backend
 from core.problem_loader import import_file, write_candidate
 from core.stitch import stitching_backend
 
@@ -85,10 +88,10 @@ class GuardedKernel(nn.Module):
         self._expected = [(torch.Size(p.shape), p.stride, getattr(torch, p.dtype.split(".")[-1]))
                           for p in proven]
         self.calls = calls
-        self._ran, self._unproven = f"{key}: kernel", f"{key}: fallback (unproven call)"
+        self.kernel_key, self.unproven_key = f"{key}: kernel", f"{key}: fallback (unproven call)"
         self.failure: str | None = None  # why the kernel was switched off, if it was
 
-    def _proven_for(self, args: tuple) -> bool:
+    def proven_for(self, args: tuple) -> bool:
         if len(args) != len(self._expected):
             return False
         device = None
@@ -106,8 +109,8 @@ class GuardedKernel(nn.Module):
         if self.failure is not None:
             self.calls[f"{self.key}: fallback (kernel failed: {self.failure})"] += 1
             return self.reference(*args)
-        if not self._proven_for(args):
-            self.calls[self._unproven] += 1
+        if not self.proven_for(args):
+            self.calls[self.unproven_key] += 1
             return self.reference(*args)
         try:
             result = self.kernel(*args)
@@ -117,7 +120,7 @@ class GuardedKernel(nn.Module):
                         self.key, self.failure)
             self.calls[f"{self.key}: fallback (kernel failed: {self.failure})"] += 1
             return self.reference(*args)
-        self.calls[self._ran] += 1
+        self.calls[self.kernel_key] += 1
         return result
 
 
@@ -164,13 +167,16 @@ class InstalledModel(nn.Module):
     """The original model, compiled so that its sites call their kernels."""
 
     def __init__(self, original: nn.Module, compiled: Callable, kernels: dict[str, GuardedKernel],
-                 calls: Counter[str], replaced: list[str]) -> None:
+                 calls: Counter[str], replaced: list[str],
+                 untraceable: dict[str, str] | None = None) -> None:
         super().__init__()
         self.original = original
         self.compiled = compiled
         self.kernels = nn.ModuleDict({k.replace("-", "_"): v for k, v in kernels.items()})
         self.calls = calls
         self.replaced = replaced  # site keys replaced in the graphs compiled so far
+        # Under inductor on a GPU: the sites whose kernel runs as a custom op, with why.
+        self.untraceable = {} if untraceable is None else untraceable
         self._warned = False
 
     def forward(self, *args: object, **kwargs: object) -> object:
@@ -203,21 +209,31 @@ def _kernel_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix="kiln-installed-"))
 
 
+def _imported(source: str) -> ModuleType:
+    """`source` as a module, imported once per process (its name is its digest). Imported, not
+    run from a string, and never imported twice: inductor pickles the classes of the modules it
+    traces through into its cache key, and pickle finds a class by its module's name."""
+    path, name = write_candidate(source, _kernel_dir())
+    return sys.modules[name] if name in sys.modules else import_file(path, name)
+
+
 def load_guarded(kernel: SiteKernel, calls: Counter[str]) -> GuardedKernel:
-    path, name = write_candidate(kernel.source, _kernel_dir())
-    model_new = import_file(path, name).ModelNew()
-    reference = _run_source(kernel.problem_source, f"site {kernel.key}")["Model"]()
+    model_new = _imported(kernel.source).ModelNew()
+    reference = _imported(kernel.problem_source).Model()
     return GuardedKernel(kernel.key, model_new, reference, kernel.proven(), calls)
 
 
 def install(model: nn.Module, kernels: list[SiteKernel], rest: str = "inductor",
-            calls: Counter[str] | None = None) -> InstalledModel:
+            calls: Counter[str] | None = None, trace: bool | None = None) -> InstalledModel:
     """`model` with each kernel's site calling it; `rest` runs everything else: "inductor"
     (torch.compile's default compiler) or "eager" (the captured ops as they are). Kernel
     calls and fallbacks are counted in `calls` (a new counter if not given). With no kernels
     nothing is captured: the model runs as `torch.compile(model)`, or as it is (its captured
     graphs run eagerly can be slower than the model itself: ViT-B/16's took 7.5 ms against
-    4.2 ms in bf16 on an H200)."""
+    4.2 ms in bf16 on an H200).
+
+    Under inductor, `trace` puts Triton kernels' launches into inductor's graph rather than
+    behind a custom op (`core.inline`): by default on a GPU, where inductor launches them."""
     if rest not in ("inductor", "eager"):
         raise ValueError(f"rest must be 'inductor' or 'eager', not {rest!r}")
     calls = Counter() if calls is None else calls
@@ -227,11 +243,15 @@ def install(model: nn.Module, kernels: list[SiteKernel], rest: str = "inductor",
     guarded = {k.key: load_guarded(k, calls) for k in kernels}
     ops = {key: site_op(g) for key, g in guarded.items()}
     replaced: list[str] = []
-    finish = None
-    if rest == "inductor":
-        from torch._inductor.compile_fx import compile_fx
+    untraceable: dict[str, str] = {}
+    from torch._inductor.compile_fx import compile_fx
 
-        finish = compile_fx
-    backend = stitching_backend(ops, replaced, finish)
+    if rest == "eager":
+        backend = stitching_backend(ops, replaced)
+    elif trace is False:
+        backend = stitching_backend(ops, replaced, compile_fx)
+    else:
+        backend = tracing_backend(guarded, ops, replaced, compile_fx, calls, untraceable,
+                                  on_gpu_only=trace is None)
     compiled = torch.compile(model, backend=backend, dynamic=False)
-    return InstalledModel(model, compiled, guarded, calls, replaced)
+    return InstalledModel(model, compiled, guarded, calls, replaced, untraceable)

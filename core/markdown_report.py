@@ -38,6 +38,10 @@ def markdown_report(report: dict) -> str:
         if e2e["removed"]:
             lines += ["", "Kernels taken out:", ""]
             lines += [f"- `{key}`: {why}" for key, why in e2e["removed"].items()]
+        if e2e.get("untraceable"):
+            lines += ["", "Kernels called through their custom op (inductor could not trace "
+                      "them):", ""]
+            lines += [f"- `{key}`: {why}" for key, why in e2e["untraceable"].items()]
         lines.append("")
     lines += ["## Searched sites", "",
               "Speedup against the faster of the site's eager and torch.compile times.", ""]

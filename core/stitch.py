@@ -13,7 +13,7 @@ installed).
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 import torch.fx as fx
@@ -24,21 +24,28 @@ from core.partition import Segment, partition, segments
 from core.site_problem import CodegenError, region_key
 
 Finish = Callable[[fx.GraphModule, list], Callable[..., object]]
+Replacement = nn.Module | Callable
+Lookup = Callable[[str | None, list[object]], Replacement | None]
 
 
 def _tensor_inputs(nodes: list[fx.Node]) -> bool:
     return all(isinstance(n.meta.get("example_value"), torch.Tensor) for n in nodes)
 
 
-def stitching_backend(replacements: dict[str, nn.Module | Callable],
+def stitching_backend(replacements: Mapping[str, Replacement] | Lookup,
                       used: list[str] | None = None, finish: Finish | None = None
                       ) -> Callable[[fx.GraphModule, list], Callable[..., object]]:
     """A torch.compile backend calling `replacements[key]` for each region whose key is known.
 
-    `used`, if given, collects the keys of the regions that were replaced. `finish(gm,
-    example_inputs)` compiles the rebuilt graph (e.g. inductor's `compile_fx`); without it the
-    graph runs as it is.
+    `replacements` may instead be a function of the key and the region's example inputs (as
+    dynamo traced them), asked once per region: a module it returns is that region's alone,
+    `None` keeps the region's ops. `used`, if given, collects the keys of the regions that
+    were replaced. `finish(gm, example_inputs)` compiles the rebuilt graph (e.g. inductor's
+    `compile_fx`); without it the graph runs as it is.
     """
+
+    lookup = ((lambda key, _: replacements.get(key)) if isinstance(replacements, Mapping)
+              else replacements)
 
     def backend(gm: fx.GraphModule, example_inputs: list) -> Callable[..., object]:
         regions = partition(gm.graph)
@@ -50,7 +57,8 @@ def stitching_backend(replacements: dict[str, nn.Module | Callable],
                 key = region_key(region) if region is not None else None
             except CodegenError:
                 key = None
-            replacement = replacements.get(key)
+            replacement = None if region is None else lookup(
+                key, [n.meta.get("example_value") for n in region.inputs])
             is_module = isinstance(replacement, nn.Module)
             if replacement is None or not (is_module or _tensor_inputs(region.inputs)):
                 copy_segment(graph, segment, env)

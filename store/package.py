@@ -23,7 +23,7 @@ CORE = Path(__file__).resolve().parents[1] / "core"
 # The modules that cut a graph into sites and call replacements in their place, and the CUDA
 # runtime tier-2 kernels import.
 VENDORED = ("ops", "partition", "site_problem", "capture", "stitch", "cuda_runtime", "install",
-            "problem_loader", "python_ast", "errors")
+            "inline", "problem_loader", "python_ast", "errors")
 _CORE_IMPORT = re.compile(r"^(from )core\.(\w+)( import )", re.MULTILINE)
 
 

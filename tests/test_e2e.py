@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 import torch.nn as nn
@@ -115,13 +117,20 @@ def test_the_markdown_report_carries_the_figures(tmp_path):
             "floor_ms": 0.01, "calls": 1, "signature": "linear → gelu | f32[4,8]"}
     searched = {"id": kernels[0].key, "evaluations": 3, "eager_ms": 1.0, "compile_ms": 0.8,
                 "declined": "", "best": {"tier": "triton", "latency_ms": 0.4, "speedup": 2.0}}
-    text = markdown_report({"model": "mlp", "run_id": 1, "db": "kiln.db", "dtype": "fp32",
-                            "device": "cpu", "timing": "CPU", "total_ms": 2.0,
-                            "captured_ms": 2.0, "floor_gpu": "H200", "e2e": e2e,
-                            "sites": [site], "searched": [searched]})
+
+    def run_report(e2e: dict) -> dict:
+        return {"model": "mlp", "run_id": 1, "db": "kiln.db", "dtype": "fp32", "device": "cpu",
+                "timing": "CPU", "total_ms": 2.0, "captured_ms": 2.0, "floor_gpu": "H200",
+                "e2e": e2e, "sites": [site], "searched": [searched]}
+
+    text = markdown_report(run_report(e2e))
     assert f"{e2e['optimized_ms']:.4f}" in text and f"{e2e['speedup_vs_eager']:.2f}x" in text
     assert f"| `{kernels[0].key}` | 3 | 1.0000 | 0.8000 | triton | 0.4000 | 2.00x |" in text
     assert "linear → gelu \\| f32[4,8]" in text
+    assert "custom op" not in text
+    e2e["untraceable"] = {kernels[0].key: "RuntimeError: reads tensor data"}
+    text = markdown_report(run_report(e2e))
+    assert f"- `{kernels[0].key}`: RuntimeError: reads tensor data" in text
 
 
 def scaled(kernel: SiteKernel, factor: float) -> SiteKernel:
@@ -160,3 +169,31 @@ def test_a_kernel_far_beyond_torch_compiles_own_error_is_taken_out(tmp_path):
     assert result.correct, result.reason
     assert result.installed == []
     assert "torch.compile's own worst element is" in result.removed[bad.key]
+
+
+class ScriptedTimes(EndToEndCheck):
+    """The model's time by which kernels it holds (GPU timings cannot run here)."""
+
+    def __init__(self, times: dict[frozenset[str], float]) -> None:
+        model, inputs = models.make_mlp()
+        super().__init__(model, inputs, "cpu", matrix_anchors=True,
+                         progress=Progress(enabled=False), rest="eager")
+        self.times = times
+
+    def time(self, run: Callable) -> float:
+        held = frozenset(getattr(run, "kernels", {}).keys())
+        return self.times[frozenset(k.replace("-", "_") for k in held)]
+
+
+def test_a_kernel_the_model_is_faster_without_is_taken_out(tmp_path):
+    """Together the two kernels beat the baseline, yet the model is faster with one alone."""
+    model, inputs = models.make_mlp()
+    first, second = site_kernels(model, inputs, tmp_path)[:2]
+    a, b = first.key.replace("-", "_"), second.key.replace("-", "_")
+    check = ScriptedTimes({frozenset(): 10.0, frozenset({a, b}): 8.0, frozenset({a}): 6.0,
+                           frozenset({b}): 9.0})
+    result = check.run(total_ms=10.0, gains=[SiteGain(first, 1.0, 2.0),
+                                             SiteGain(second, 0.5, 2.0)])
+    assert result.installed == [first.key]
+    assert result.removed == {second.key: "the model took 8.0000 ms with it, 6.0000 ms without"}
+    assert result.optimized_ms == 6.0

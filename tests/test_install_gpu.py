@@ -42,3 +42,29 @@ def test_installed_kernels_are_right_under_inductor_on_a_side_stream(factory, ti
     assert comparison.mismatch is None, comparison.mismatch.message
     ran = sum(n for call, n in installed.stats().items() if call.endswith(": kernel"))
     assert ran >= len(kernels), installed.stats()
+
+
+@pytest.mark.parametrize("factory", [models.make_mlp, models.make_resnet])
+def test_triton_kernels_are_traced_and_launched_by_inductor(factory, tmp_path):
+    """On a GPU the Triton kernels go into inductor's graph: no call of Kiln's ops reaches
+    the dispatcher, the kernels still run, and the model stays right."""
+    model, inputs = on_gpu(factory)
+    kernels = site_kernels(model, inputs, tmp_path, CUDA, "triton")
+    torch._dynamo.reset()
+    installed = install(model, kernels, rest="inductor")
+    with torch.inference_mode():
+        expected = model(*inputs)
+        installed(*inputs)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                torch.profiler.ProfilerActivity.CUDA]) as prof:
+            actual = installed(*inputs)
+            torch.cuda.synchronize()
+    assert installed.untraceable == {}, installed.untraceable
+    comparison = compare_outputs(actual, expected, {torch.float32: ("tf32", 3e-4)})
+    assert comparison.mismatch is None, comparison.mismatch.message
+    names = [e.name for e in prof.events()]
+    assert not [n for n in names if n.startswith("kiln::")], "a site ran through its op"
+    launched = {n for n in names if "kernel" in n and not n.startswith("triton_")}
+    assert launched, f"no Kiln kernel was launched: {sorted(set(names))[:20]}"
+    assert sum(n for call, n in installed.stats().items() if call.endswith(": kernel")) \
+        == 2 * len(kernels), installed.stats()
