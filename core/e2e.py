@@ -256,7 +256,7 @@ class EndToEndCheck:
             self.progress.step(f"end to end: {dropped.kernel.key} slowed the model; taken out")
             installed = self._install(kept, rest)
             optimized_ms = self.time(installed) if kept else baseline_ms
-        if self.drop_slower and len(kept) > 1:
+        if self.drop_slower:
             installed, optimized_ms = self._drop_unpaid(kept, rest, installed, optimized_ms,
                                                         removed)
         # With no kernel the model is the baseline, whose deviation is already known.

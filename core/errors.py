@@ -30,3 +30,8 @@ def exit_on_input_error(main: Callable[[], int]) -> NoReturn:
         print(f"kiln: error: {err}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
     sys.exit(code)
+
+
+def error_line(err: BaseException) -> str:
+    """`err` in one line for a report: its type and the first line of its message."""
+    return f"{type(err).__name__}: {err}".splitlines()[0][:200]

@@ -29,6 +29,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
+from core.errors import error_line
 from core.stitch import Finish, stitching_backend
 
 if TYPE_CHECKING:
@@ -111,7 +112,7 @@ class TracedSite(nn.Module):
         except Exception as err:
             # Raised, not answered by the site's ops: a compiled graph that holds them would
             # be cached, and found again, as if it held the kernel.
-            self.untraceable = f"{type(err).__name__}: {err}".splitlines()[0][:200]
+            self.untraceable = error_line(err)
             raise Untraceable(self.untraceable) from err
 
 
@@ -177,8 +178,8 @@ def tracing_backend(guarded: dict[str, GuardedKernel], ops: dict[str, Callable],
                 # did not compile (a launch inductor cannot lower): every traced kernel goes
                 # through its op.
                 failed = ({s.key: s.untraceable for s in sites if s.untraceable}
-                          or {s.key: f"the traced graph did not compile: {type(err).__name__}: "
-                              f"{err}".splitlines()[0][:200] for s in sites})
+                          or {s.key: f"the traced graph did not compile: {error_line(err)}"
+                              for s in sites})
             for key, why in failed.items():
                 log.info("site %s: its kernel cannot be traced (%s); it runs as a custom op",
                          key, why)

@@ -32,6 +32,7 @@ from types import ModuleType
 import torch
 import torch.nn as nn
 
+from core.errors import error_line
 from core.inline import tracing_backend
 from core.problem_loader import import_file, write_candidate
 from core.stitch import stitching_backend
@@ -62,16 +63,9 @@ class SiteKernel:
 
     def proven(self) -> list[ProvenInput]:
         """The inputs the kernel was proven on: the problem's shapes, strides and dtypes."""
-        namespace = _run_source(self.problem_source, f"site {self.key}")
         with torch.device("meta"):
-            inputs = namespace["get_inputs"]()
+            inputs = _imported(self.problem_source).get_inputs()
         return [ProvenInput.of(t) for t in inputs]
-
-
-def _run_source(source: str, what: str) -> dict[str, object]:
-    namespace: dict[str, object] = {}
-    exec(compile(source, f"<{what}>", "exec"), namespace)
-    return namespace
 
 
 class GuardedKernel(nn.Module):
@@ -115,7 +109,7 @@ class GuardedKernel(nn.Module):
         try:
             result = self.kernel(*args)
         except Exception as err:  # the kernel is switched off, the call answered by PyTorch
-            self.failure = f"{type(err).__name__}: {err}".splitlines()[0][:200]
+            self.failure = error_line(err)
             log.warning("site %s: the kernel failed (%s); its PyTorch ops run from now on",
                         self.key, self.failure)
             self.calls[f"{self.key}: fallback (kernel failed: {self.failure})"] += 1
@@ -244,14 +238,13 @@ def install(model: nn.Module, kernels: list[SiteKernel], rest: str = "inductor",
     ops = {key: site_op(g) for key, g in guarded.items()}
     replaced: list[str] = []
     untraceable: dict[str, str] = {}
-    from torch._inductor.compile_fx import compile_fx
-
     if rest == "eager":
         backend = stitching_backend(ops, replaced)
-    elif trace is False:
-        backend = stitching_backend(ops, replaced, compile_fx)
     else:
-        backend = tracing_backend(guarded, ops, replaced, compile_fx, calls, untraceable,
-                                  on_gpu_only=trace is None)
+        from torch._inductor.compile_fx import compile_fx
+
+        backend = (stitching_backend(ops, replaced, compile_fx) if trace is False else
+                   tracing_backend(guarded, ops, replaced, compile_fx, calls, untraceable,
+                                   on_gpu_only=trace is None))
     compiled = torch.compile(model, backend=backend, dynamic=False)
     return InstalledModel(model, compiled, guarded, calls, replaced, untraceable)
