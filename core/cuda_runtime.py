@@ -73,6 +73,7 @@ class Kernel:
     def __init__(self, function: Any, arg_types: str) -> None:
         self.function = function.prepare(arg_types)
         self.arg_types = arg_types
+        self.shared_allowed = 48 * 1024  # dynamic shared memory a block gets without opting in
 
     def __call__(
         self,
@@ -82,6 +83,12 @@ class Kernel:
         shared_mem: int = 0,
     ) -> None:
         raw = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
+        if shared_mem > self.shared_allowed:
+            import pycuda.driver as drv
+
+            self.function.set_attribute(
+                drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_mem)
+            self.shared_allowed = shared_mem
         current = torch.cuda.current_stream()
         if current.cuda_stream == 0:
             self.function.prepared_async_call(grid, block, None, *raw, shared_size=shared_mem)

@@ -30,7 +30,8 @@ from generators.expressions import channel_aligned_inputs
 from generators.site_graph import Ref, SiteGraph, Unsupported
 
 # Raw types for a vector of 1..16 bytes: one load or store instruction each.
-_RAW = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "uint2", 16: "uint4"}
+RAW_VECTOR_TYPES = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "uint2",
+                    16: "uint4"}
 
 
 @dataclass(frozen=True)
@@ -226,9 +227,9 @@ def write_cuda_pointwise(graph: SiteGraph, config: CudaPointwiseConfig) -> str:
 
     def vector_pointer(dtype: torch.dtype) -> tuple[str, str]:
         width = vec * torch.empty(0, dtype=dtype).element_size()
-        if width not in _RAW:
+        if width not in RAW_VECTOR_TYPES:
             raise Unsupported(f"a {width}-byte vector of {dtype}")
-        return _RAW[width], storage_type(dtype)
+        return RAW_VECTOR_TYPES[width], storage_type(dtype)
 
     vector_loads, vector_outs, vector_stores = [], [], []
     row_offsets, rows_loads, rows_stores = [], [], []

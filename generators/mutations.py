@@ -42,6 +42,8 @@ LADDERS: dict[str, tuple[int, ...]] = {
     "programs_per_sm": (1, 2, 4, 8),
     "split": (1, 2, 4, 8, 16, 32, 64),
     "tile": (1024, 2048, 4096, 8192, 16384),
+    "cluster": (2, 4, 8),
+    "vector": (1, 2, 4),
 }
 WHY_UP: dict[str, str] = {
     "block": "more elements per program, fewer programs to schedule",
@@ -63,6 +65,8 @@ WHY_UP: dict[str, str] = {
     "programs_per_sm": "more programs per SM to hide memory latency",
     "split": "more programs share each column's reduced rows, more of them in flight",
     "tile": "larger register tiles: more of the reduced dimension read in one step",
+    "cluster": "more blocks share a set: smaller shares of shared memory, more blocks per SM",
+    "vector": "more values a thread step: wider loads, coordinates found once a vector",
 }
 WHY_DOWN: dict[str, str] = {
     "block": "smaller blocks, more programs to fill every SM",
@@ -83,6 +87,8 @@ WHY_DOWN: dict[str, str] = {
     "programs_per_sm": "fewer programs per SM, each looping over more of the work",
     "split": "fewer partial results to write and fold",
     "tile": "smaller register tiles, fewer registers per program and more programs per SM",
+    "cluster": "fewer blocks share a set: fewer cluster barriers and partial sums to merge",
+    "vector": "fewer values a thread step: more threads in flight on each share",
 }
 
 

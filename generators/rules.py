@@ -16,6 +16,7 @@ import torch
 
 from core.roofline import GpuPeaks
 from generators.base import Parent, Proposal, Proposals, source_digest
+from generators.cuda_channel_norm import ClusterNormConfig, write_cuda_channel_norm
 from generators.cuda_pointwise import CudaPointwiseConfig, write_cuda_pointwise
 from generators.cuda_reduction import CudaReductionConfig, write_cuda_reduction
 from generators.mutations import diagnosed_neighbours
@@ -203,6 +204,16 @@ def _cuda_row_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
              f"one row of {row} per block, warp shuffles then shared memory")]
 
 
+def _cluster_norm_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
+    return [(ClusterNormConfig(),
+             "each set of values read once into the shared memory of an 8-block cluster of "
+             "256 threads, merged through distributed shared memory"),
+            (ClusterNormConfig(threads=512),
+             "8-block clusters of 512 threads: more of each share in flight at once"),
+            (ClusterNormConfig(vector=4),
+             "8-block clusters moving 4 values a thread step: 16-byte fp32 loads and stores")]
+
+
 WRITERS = (
     Writer("pointwise", "triton", write_pointwise, PointwiseConfig, _pointwise_drafts),
     Writer("reduction", "triton", write_row_reduction, RowConfig, _row_drafts),
@@ -215,6 +226,8 @@ WRITERS = (
     Writer("pointwise", "cuda", write_cuda_pointwise, CudaPointwiseConfig,
            _cuda_pointwise_drafts),
     Writer("reduction", "cuda", write_cuda_reduction, CudaReductionConfig, _cuda_row_drafts),
+    Writer("reduction", "cuda", write_cuda_channel_norm, ClusterNormConfig,
+           _cluster_norm_drafts),
 )
 
 

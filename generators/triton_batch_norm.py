@@ -1,13 +1,16 @@
 """Tier-1 Triton for batch norm with the batch's statistics (training mode, no running stats).
 
 The input (N, C, *spatial) is read as (N, C, S); each channel is normalized by the mean and
-biased variance over its N × S values. A channel's values are cut into [BLOCK_R samples,
-BLOCK_S positions] tiles shared out among SPLITS programs, so that C × SPLITS programs fill
-the GPU even with few channels. The statistics kernel folds each program's tiles (through the
-elementwise prologue) into per-lane Welford states in fp32 and writes one (count, mean, M2)
-per program; the normalizing kernel takes the same tiles in reverse order (those read last
-are still in L2), merges its channel's SPLITS states (Chan et al.), and applies the
-normalization, the per-channel affine map and the epilogue.
+biased variance over its N × S values. A channel's values, numbered sample-major, are cut into
+tiles of BLOCK consecutive values shared out among SPLITS programs, so that C × SPLITS
+programs fill the GPU even with few channels. A tile may cross from one sample to the next:
+every lane holds a value whatever S is (a tile of one sample's positions left a quarter of
+the lanes idle at S = 56², and with them a quarter of the bytes in flight). The statistics
+kernel folds each program's tiles (through the elementwise prologue) into per-lane Welford
+states in fp32 and writes one (count, mean, M2) per program; the normalizing kernel takes the
+same tiles in reverse order (those read last are still in L2), merges its channel's SPLITS
+states (Chan et al.), and applies the normalization, the per-channel affine map and the
+epilogue.
 Updates of running statistics are a mutation of module buffers and stay with PyTorch.
 """
 
@@ -32,7 +35,7 @@ from generators.triton_group_norm import (
 
 @dataclass(frozen=True)
 class BatchNormConfig:
-    block: int = 1024  # elements per tile: BLOCK_S positions × BLOCK_R samples
+    block: int = 1024  # consecutive values of a channel per tile
     programs_per_sm: int = 4  # channels × splits per channel ≈ this many programs per SM
     num_warps: int = 4
 
@@ -41,12 +44,13 @@ class BatchNormConfig:
                 f"of {self.block}, {self.num_warps} warps")
 
 
-# Tile t of a channel covers samples (t // S_TILES) * BLOCK_R... and positions
-# (t % S_TILES) * BLOCK_S...; program `split` takes tiles split, split + SPLITS, ...
+# Tile t of a channel covers its values t * BLOCK... (value v: sample v // SPATIAL, position
+# v % SPATIAL); program `split` takes tiles split, split + SPLITS, ...
 _TILE = """t = split + step * SPLITS
-samples = (t // S_TILES) * BLOCK_R + tl.arange(0, BLOCK_R)
-positions = (t % S_TILES) * BLOCK_S + tl.arange(0, BLOCK_S)
-mask = ((samples < N) & (t < TILES))[:, None] & (positions < SPATIAL)[None, :]"""
+values = t * BLOCK + tl.arange(0, BLOCK)
+samples = values // SPATIAL
+positions = values % SPATIAL
+mask = values < N * SPATIAL"""
 
 _SOURCE = '''"""Kiln rules kernel (triton, batch_norm with batch statistics): {ops}. {config}."""
 
@@ -64,17 +68,14 @@ def batch_stats_kernel(
     N: tl.constexpr,
     SPATIAL: tl.constexpr,
     SPLITS: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-    S_TILES: tl.constexpr,
-    TILES: tl.constexpr,
+    BLOCK: tl.constexpr,
     STEPS: tl.constexpr,
 ):
     channel = tl.program_id(0)
     split = tl.program_id(1)
-    count = tl.zeros([BLOCK_R, BLOCK_S], tl.float32)
-    mean = tl.zeros([BLOCK_R, BLOCK_S], tl.float32)
-    m2 = tl.zeros([BLOCK_R, BLOCK_S], tl.float32)
+    count = tl.zeros([BLOCK], tl.float32)
+    mean = tl.zeros([BLOCK], tl.float32)
+    m2 = tl.zeros([BLOCK], tl.float32)
 {stat_channel_loads}
     for step in range(STEPS):
 {tile}
@@ -103,10 +104,7 @@ def batch_norm_kernel(
     C: tl.constexpr,
     SPATIAL: tl.constexpr,
     SPLITS: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-    S_TILES: tl.constexpr,
-    TILES: tl.constexpr,
+    BLOCK: tl.constexpr,
     STEPS: tl.constexpr,
     BLOCK_SPLITS: tl.constexpr,
 ):
@@ -132,7 +130,7 @@ def batch_norm_kernel(
 {prologue}
         y = ({x} - channel_mean) * rstd{affine}
 {epilogue}
-        offsets = samples[:, None] * (C * SPATIAL) + channel * SPATIAL + positions[None, :]
+        offsets = samples * (C * SPATIAL) + channel * SPATIAL + positions
 {stores}
 
 
@@ -148,17 +146,13 @@ class ModelNew(nn.Module):
         assert n * spatial > 0 and c > 0, "batch statistics need at least one value per channel"
 {views}
 {allocs}
-        block_s = min(triton.next_power_of_2(spatial), {block})
-        block_r = max(1, min(triton.next_power_of_2(n), {block} // block_s))
-        s_tiles = triton.cdiv(spatial, block_s)
-        tiles = triton.cdiv(n, block_r) * s_tiles
+        tiles = triton.cdiv(n * spatial, {block})
         device = {source}.device
         {sm_count}
         splits = max(1, min(tiles, triton.cdiv({programs_per_sm} * sms, c)))
         partial = torch.empty((3, c, splits), device=device, dtype=torch.float32)
-        tiling = dict(N=n, SPATIAL=spatial, SPLITS=splits, BLOCK_R=block_r, BLOCK_S=block_s,
-                      S_TILES=s_tiles, TILES=tiles, STEPS=triton.cdiv(tiles, splits),
-                      num_warps={num_warps})
+        tiling = dict(N=n, SPATIAL=spatial, SPLITS=splits, BLOCK={block},
+                      STEPS=triton.cdiv(tiles, splits), num_warps={num_warps})
         batch_stats_kernel[(c, splits)](
             {stat_pointer_args},
             partial,
@@ -178,9 +172,9 @@ class ModelNew(nn.Module):
 
 
 def _tile_loads(site: ChannelSite, needed: set[int]) -> list[str]:
-    """Loads of a [BLOCK_R samples, BLOCK_S positions] tile of one channel's full inputs."""
-    return [f"x{i} = tl.load(in{i}_ptr + samples[:, None] * in{i}_sn + channel * in{i}_sc + "
-            f"positions[None, :] * in{i}_ss, mask=mask, other=0.0).to(tl.float32)"
+    """Loads of a tile of BLOCK consecutive values of one channel's full inputs."""
+    return [f"x{i} = tl.load(in{i}_ptr + samples * in{i}_sn + channel * in{i}_sc + "
+            f"positions * in{i}_ss, mask=mask, other=0.0).to(tl.float32)"
             for i in sorted(needed) if i not in site.channel]
 
 

@@ -40,8 +40,7 @@ def test_installed_kernels_are_right_under_inductor_on_a_side_stream(factory, ti
     # Matmuls and convs run in tf32 on the GPU (Triton's tl.dot, cuDNN): the tf32 tolerance.
     comparison = compare_outputs(actual, expected, {torch.float32: ("tf32", 3e-4)})
     assert comparison.mismatch is None, comparison.mismatch.message
-    ran = sum(n for call, n in installed.stats().items() if call.endswith(": kernel"))
-    assert ran >= len(kernels), installed.stats()
+    assert kernel_calls(installed) >= len(kernels), installed.stats()
 
 
 @pytest.mark.parametrize("factory", [models.make_mlp, models.make_resnet])
@@ -55,6 +54,7 @@ def test_triton_kernels_are_traced_and_launched_by_inductor(factory, tmp_path):
     with torch.inference_mode():
         expected = model(*inputs)
         installed(*inputs)
+        first_run = kernel_calls(installed)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                 torch.profiler.ProfilerActivity.CUDA]) as prof:
             actual = installed(*inputs)
@@ -66,5 +66,11 @@ def test_triton_kernels_are_traced_and_launched_by_inductor(factory, tmp_path):
     assert not [n for n in names if n.startswith("kiln::")], "a site ran through its op"
     launched = {n for n in names if "kernel" in n and not n.startswith("triton_")}
     assert launched, f"no Kiln kernel was launched: {sorted(set(names))[:20]}"
-    assert sum(n for call, n in installed.stats().items() if call.endswith(": kernel")) \
-        == 2 * len(kernels), installed.stats()
+    # Counted per run, traced too: a kernel serves every call site of its site (ResNet repeats
+    # some), so a run makes at least one call per kernel and the second run as many as the first.
+    assert first_run >= len(kernels), installed.stats()
+    assert kernel_calls(installed) == 2 * first_run, installed.stats()
+
+
+def kernel_calls(installed) -> int:
+    return sum(n for call, n in installed.stats().items() if call.endswith(": kernel"))

@@ -1,0 +1,128 @@
+"""Knob ladders of the rules writers on a GPU, for the sites that sit near their targets: every
+setting judged by the evaluator and timed against eager, torch.compile and the floor.
+
+    python bench/ladder_bench.py [--workers 2] [--only norms,matmul,pointwise]
+
+- norms: group norm + SiLU and batch norm (batch statistics), the cluster CUDA kernel at each
+  cluster size × threads (vector 4) against the Triton writers' drafts;
+- matmul: linear + GELU 4096³ bf16 over tile shapes, warps, stages and GROUP_M;
+- pointwise: bias + GELU 8192² bf16 over block sizes and warps.
+
+Sites and floors are those of `bench/rules_generator_bench.py`. Prints one table per site,
+fastest first; a rejected setting shows the evaluator's reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.rules_generator_bench import CASES, Case, problem_source  # noqa: E402
+from core.evaluate import EvalConfig, Evaluator  # noqa: E402
+from core.roofline import GpuPeaks  # noqa: E402
+from core.site_baseline import time_site  # noqa: E402
+from generators.cuda_channel_norm import ClusterNormConfig, write_cuda_channel_norm  # noqa: E402
+from generators.rules import WRITERS  # noqa: E402
+from generators.site_graph import SiteGraph, Unsupported, load_site_graph  # noqa: E402
+from generators.triton_matmul import MatmulConfig, write_triton_matmul  # noqa: E402
+from generators.triton_pointwise import PointwiseConfig, write_pointwise  # noqa: E402
+
+PEAKS = GpuPeaks()
+
+
+@dataclass(frozen=True)
+class Ladder:
+    group: str
+    site: str  # a part of the name of one of `CASES`
+    settings: Callable[[SiteGraph], list[tuple[str, str]]]  # (label, candidate source)
+
+
+def norm_settings(graph: SiteGraph) -> list[tuple[str, str]]:
+    plans = [(f"cluster {k} × {t}, vector 4",
+              write_cuda_channel_norm(graph, ClusterNormConfig(cluster=k, threads=t, vector=4)))
+             for k in (2, 4, 8) for t in (256, 512, 1024)]
+    plans += [(f"cluster 8 × {t}, scalar",
+               write_cuda_channel_norm(graph, ClusterNormConfig(threads=t))) for t in (256, 512)]
+    for writer in WRITERS:
+        if writer.write.__name__ not in ("write_group_norm", "write_batch_norm"):
+            continue
+        for settings, _ in writer.drafts(graph):
+            try:
+                plans.append((f"{writer.write.__name__} {settings}", writer.write(graph, settings)))
+            except Unsupported:
+                break  # the other norm's writer
+    return plans
+
+
+def matmul_settings(graph: SiteGraph) -> list[tuple[str, str]]:
+    shapes = [(128, 256, 64, 8, 3), (128, 256, 64, 8, 4), (128, 256, 64, 16, 3),
+              (256, 128, 64, 8, 3), (256, 128, 64, 8, 4), (128, 128, 64, 4, 4),
+              (128, 128, 64, 8, 4), (128, 256, 32, 8, 4)]
+    configs = [MatmulConfig(m, n, k, group_m, warps, stages)
+               for m, n, k, warps, stages in shapes for group_m in (8, 16)]
+    return [(config.describe(), write_triton_matmul(graph, config)) for config in configs]
+
+
+def pointwise_settings(graph: SiteGraph) -> list[tuple[str, str]]:
+    configs = [PointwiseConfig(block, warps) for block in (1024, 2048, 4096, 8192)
+               for warps in (1, 2, 4, 8)]
+    return [(config.describe(), write_pointwise(graph, config)) for config in configs]
+
+
+LADDERS = [
+    Ladder("norms", "group_norm(32)", norm_settings),
+    Ladder("norms", "batch_norm, batch statistics", norm_settings),
+    Ladder("matmul", "linear + gelu", matmul_settings),
+    Ladder("pointwise", "bias + gelu", pointwise_settings),
+]
+
+
+def floor_ms(case: Case) -> float:
+    flops = case.flops / PEAKS.matrix_flops["bf16"] if case.flops else 0.0
+    return max(case.bytes / PEAKS.bandwidth, flops) * 1e3
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--only", default="norms,matmul,pointwise",
+                        help="comma-separated groups: norms, matmul, pointwise")
+    args = parser.parse_args()
+    groups = {part.strip() for part in args.only.split(",")}
+    unknown = groups - {ladder.group for ladder in LADDERS}
+    if unknown:
+        parser.error(f"unknown group(s) {sorted(unknown)}: choose from norms, matmul, pointwise")
+    with tempfile.TemporaryDirectory(prefix="kiln-ladders-") as folder, \
+            Evaluator(EvalConfig(device="cuda"), workers=args.workers) as evaluator:
+        for index, ladder in enumerate(x for x in LADDERS if x.group in groups):
+            (case,) = [c for c in CASES if ladder.site in c.name]
+            problem = Path(folder) / f"site{index}" / "problem.py"
+            problem.parent.mkdir()
+            problem.write_text(problem_source(case))
+            plans = ladder.settings(load_site_graph(problem))
+            verdicts = evaluator.evaluate_many([(problem, source) for _, source in plans])
+            baseline = time_site(problem, EvalConfig(device="cuda"))
+            floor = floor_ms(case)
+            print(f"\n{case.name}: eager {baseline.eager_ms:.4f} ms, compile "
+                  f"{baseline.compile_ms:.4f} ms, floor {floor:.4f} ms")
+            print(f"{'ms':>9}{'% floor':>9}{'x comp':>8}  setting")
+            ranked = sorted(zip(plans, verdicts, strict=True),
+                            key=lambda pv: pv[1].latency_ms or float("inf"))
+            for (label, _), verdict in ranked:
+                if not verdict.accepted:
+                    print(f"{'-':>9}{'':>9}{'':>8}  {label}: {verdict.reason[:120]}")
+                    continue
+                ms = verdict.latency_ms
+                print(f"{ms:9.4f}{100 * floor / ms:8.0f}%{baseline.compile_ms / ms:8.2f}  {label}",
+                      flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,412 @@
+"""Tier-2 CUDA for group norm and batch norm (batch statistics) that reads its input once.
+
+The values normalized together (a set: one sample's group of channels for group norm, one
+channel over the batch for batch norm) are shared out among the CLUSTER blocks of a sm_90
+thread-block cluster. Each block computes the prologue over its share and keeps the result in
+shared memory; the blocks merge their sums through distributed shared memory, first for the
+mean, then for the squared deviations from it, taken again from shared memory (an exact
+two-pass variance at no extra read of global memory). Each block then normalizes its share from
+shared memory, applies the affine map and the epilogue, and stores. Global traffic is one read
+and one write. The Triton kernels read twice: a 16 × 4096 fp32 group (256 KB) leaves L2 between
+its two walks (66 % of the byte floor measured at 16×512×64², where two reads cap it at 67 %).
+
+Sizes are compile-time constants, so each shape compiles once; strides are arguments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from generators.codegen import arg, indent, op_refs
+from generators.cuda_expressions import (
+    HELPERS,
+    cuda_elementwise,
+    load_as_float,
+    storage_type,
+    store_from_float,
+)
+from generators.cuda_pointwise import RAW_VECTOR_TYPES
+from generators.site_graph import Ref, SiteGraph, Unsupported
+from generators.triton_group_norm import ChannelSite, channel_site, stride_args, views
+
+# The most dynamic shared memory a block may opt into on sm_90 (227 KB), less the static part.
+SHARED_LIMIT = 227 * 1024 - 1024
+
+
+@dataclass(frozen=True)
+class ClusterNormConfig:
+    # 8 blocks of 256 threads (32 KB of fp32 values a block at 16×512×64² group norm, seven
+    # blocks an SM) were the fastest clusters on an H200; 2-block clusters of 256 threads, one
+    # block an SM, ran 2.3x slower (bench/NOTES.md).
+    cluster: int = 8  # blocks sharing one set of values
+    threads: int = 256  # per block
+    vector: int = 1  # values a thread moves per step: 4 = one 16-byte fp32 load a tensor
+
+    def describe(self) -> str:
+        moves = f", {self.vector}-value vectors" if self.vector > 1 else ""
+        return (f"each set of values held in the shared memory of a {self.cluster}-block "
+                f"cluster, {self.threads} threads a block{moves}")
+
+
+CLUSTER_HELPERS = r"""
+__device__ __forceinline__ unsigned int cluster_rank() {
+    unsigned int rank;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+    return rank;
+}
+
+// Every thread of every block of the cluster arrives; shared-memory writes before it are
+// visible to the whole cluster after it.
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n"
+                 "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+__device__ __forceinline__ void cluster_arrive() {
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+
+__device__ __forceinline__ void cluster_wait() {
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+// The float at the same shared-memory address in block `rank` of the cluster.
+__device__ __forceinline__ float cluster_load(const float* local, unsigned int rank) {
+    const unsigned int address = (unsigned int)__cvta_generic_to_shared(local);
+    unsigned int remote;
+    float value;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(address), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(value) : "r"(remote) : "memory");
+    return value;
+}
+
+// The sum over the block, in every thread. `scratch` holds one float per warp.
+__device__ __forceinline__ float block_sum(float value, float* scratch) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        value += __shfl_xor_sync(0xffffffff, value, offset);
+    }
+    if (threadIdx.x % 32 == 0) {
+        scratch[threadIdx.x / 32] = value;
+    }
+    __syncthreads();
+    value = threadIdx.x % 32 < THREADS / 32 ? scratch[threadIdx.x % 32] : 0.0f;
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        value += __shfl_xor_sync(0xffffffff, value, offset);
+    }
+    return value;
+}
+"""
+
+# With vectors the kernel is written twice: once moving VEC values a thread step (one vector
+# load or store a tensor, the coordinates found once a vector), used when every full input's
+# positions are contiguous and aligned; once a value at a time, for any strides.
+_KERNEL = """
+__global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(THREADS)
+{name}(
+{pointer_params}
+{stride_params})
+{{
+    __shared__ float scratch[32];
+    __shared__ float parts[2];
+    const int set = blockIdx.x / CLUSTER;
+    const int begin = (int)cluster_rank() * SHARE;
+    const int end = min(begin + SHARE, SET_SIZE);
+{set_coordinates}
+
+    float sum = 0.0f;
+#pragma unroll 4
+    for (int e = begin + threadIdx.x * {vec}; e < end; e += THREADS * {vec}) {{
+{coordinates}
+{statistics_loads}
+#pragma unroll
+        for (int j = 0; j < {vec}; ++j) {{
+{statistics_lane}
+            held[e - begin + j] = {x};
+            sum += {x};
+        }}
+    }}
+    sum = block_sum(sum, scratch);
+    if (threadIdx.x == 0) {{
+        parts[0] = sum;
+    }}
+    cluster_sync();
+    float total = 0.0f;
+    for (unsigned int r = 0; r < CLUSTER; ++r) {{
+        total += cluster_load(&parts[0], r);
+    }}
+    const float mean = total / (float)SET_SIZE;
+
+    float squares = 0.0f;
+    for (int i = threadIdx.x; i < end - begin; i += THREADS) {{
+        const float deviation = held[i] - mean;
+        squares += deviation * deviation;
+    }}
+    squares = block_sum(squares, scratch);
+    if (threadIdx.x == 0) {{
+        parts[1] = squares;
+    }}
+    cluster_sync();
+    total = 0.0f;
+    for (unsigned int r = 0; r < CLUSTER; ++r) {{
+        total += cluster_load(&parts[1], r);
+    }}
+    const float rstd = rsqrtf(total / (float)SET_SIZE + EPS);
+    // Done reading the other blocks' shared memory; none may exit before all are.
+    cluster_arrive();
+
+#pragma unroll 2
+    for (int e = begin + threadIdx.x * {vec}; e < end; e += THREADS * {vec}) {{
+{coordinates}
+{output_loads}
+{output_arrays}
+#pragma unroll
+        for (int j = 0; j < {vec}; ++j) {{
+            const float {x} = held[e - begin + j];
+{output_lane}
+        }}
+        const long long at = (long long)sample * C * SPATIAL + (long long)channel * SPATIAL + p;
+{stores}
+    }}
+    cluster_wait();
+}}
+"""
+
+_SOURCE = '''"""Kiln rules kernel (cuda, {kind} on a thread-block cluster): {ops}. {config}."""
+
+import torch
+import torch.nn as nn
+
+from core.cuda_runtime import load_kernel
+
+SOURCE = r"""{helpers}
+#define CLUSTER {cluster}
+#define THREADS {threads}
+#define C {channels}
+#define SPATIAL {spatial}
+#define SET_SIZE {set_size}
+#define SHARE {share}
+#define EPS {eps}f
+{cluster_helpers}
+extern __shared__ float held[];
+{kernels}"""
+
+SETS = {sets}
+VEC = {vec}
+SHARED_BYTES = {share} * 4
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scalar = load_kernel(SOURCE, "cluster_{kind}", "{arg_types}")
+        self.vector = load_kernel(SOURCE, "cluster_{kind}_vec", "{arg_types}") if VEC > 1 else None
+
+    def forward(self, {params}):
+        shape = {source}.shape
+        assert tuple(shape) == {shape}, "the kernel was compiled for inputs of shape {shape}"
+        n, c = shape[0], shape[1]
+        spatial = {source}.numel() // max(n * c, 1)
+{views}
+{allocs}
+        # Vectors need every full input's positions contiguous and its runs of VEC aligned.
+        vector = self.vector is not None and all(
+            x.stride(2) == 1 and x.stride(0) % VEC == 0 and x.stride(1) % VEC == 0
+            and x.data_ptr() % (VEC * x.element_size()) == 0 for x in ({full_views},))
+        kernel = self.vector if vector else self.scalar
+        kernel(grid=(SETS * {cluster}, 1, 1), block=({threads}, 1, 1),
+               args=({pointer_args}, {stride_args}), shared_mem=SHARED_BYTES)
+        return {returns}
+'''
+
+# Where element e of a set lies: its sample, channel and position.
+_GROUP_SET = """const int sample = set / GROUPS;
+const int first = (set % GROUPS) * (C / GROUPS);"""
+_GROUP_ELEMENT = """const int outer = e / SPATIAL;
+const int p = e - outer * SPATIAL;
+const int channel = first + outer;"""
+_BATCH_SET = "const int channel = set;"
+_BATCH_ELEMENT = """const int sample = e / SPATIAL;
+const int p = e - sample * SPATIAL;"""
+
+
+def _needed(graph: SiteGraph, roots: list[Ref], given: set[Ref]) -> set[int]:
+    """Indices of the ops `roots` depend on, taking the `given` values as known."""
+    found: set[int] = set()
+    pending = [r for r in roots if not r.is_input and r not in given]
+    while pending:
+        ref = pending.pop()
+        if ref.index not in found:
+            found.add(ref.index)
+            pending += [r for r in op_refs(graph.ops[ref.index])
+                        if not r.is_input and r not in given]
+    return found
+
+
+@dataclass(frozen=True)
+class _Pass:
+    """One walk's code: what is loaded once a step (per-channel values, raw vectors of the full
+    inputs) and what each of the step's VEC lanes computes."""
+
+    loads: list[str]
+    lane: list[str]
+
+
+def _walk(graph: SiteGraph, site: ChannelSite, ops: set[int], inputs: set[int],
+          held: set[int], vec: int, value: dict[Ref, str], anchor_value: str) -> _Pass:
+    """The inputs (and those the ops read, but the `held` ones) loaded at the step's
+    coordinates, then the ops."""
+    inputs = (inputs | {r.index for i in ops for r in op_refs(graph.ops[i]) if r.is_input}) - held
+    loads, lane = [], []
+    for i in sorted(inputs):
+        dtype = graph.inputs[i].dtype
+        if i in site.channel:
+            element = f"in{i}[(long long)channel * in{i}_sc]"
+            loads.append(f"const float x{i} = {load_as_float(dtype, element)};")
+            continue
+        raw, element = RAW_VECTOR_TYPES[vec * dtype.itemsize], storage_type(dtype)
+        at = (f"(long long)sample * in{i}_sn + (long long)channel * in{i}_sc + "
+              f"(long long)p * in{i}_ss")
+        loads += [f"const {raw} raw{i} = *reinterpret_cast<const {raw}*>(&in{i}[{at}]);",
+                  f"const {element}* e{i} = reinterpret_cast<const {element}*>(&raw{i});"]
+        lane.append(f"const float x{i} = {load_as_float(dtype, f'e{i}[j]')};")
+    for i in sorted(ops):
+        expression = anchor_value if i == site.anchor else cuda_elementwise(graph.ops[i], value)
+        lane.append(f"const float v{i} = {expression};")
+    return _Pass(loads, lane)
+
+
+def write_cuda_channel_norm(graph: SiteGraph, config: ClusterNormConfig) -> str:
+    """ModelNew for a site of one group_norm, or one training-mode batch_norm without running
+    statistics, with elementwise ops on its input's shape."""
+    if config.cluster not in (2, 4, 8) or config.threads % 32 or not 64 <= config.threads <= 1024 \
+            or config.vector not in (1, 2, 4):
+        raise Unsupported(f"{config.describe()}: clusters of 2, 4 or 8 blocks (portable on "
+                          "sm_90), a multiple of 32 threads up to 1024, vectors of 1, 2 or 4")
+    names = [op.name for op in graph.ops if op.name in ("group_norm", "batch_norm")]
+    if len(names) != 1:
+        raise Unsupported("the cluster kernel takes a site with one group_norm or batch_norm")
+    kind = names[0]
+    anchor = next(op for op in graph.ops if op.name == kind)
+    if kind == "group_norm":
+        weight, bias = arg(anchor, "weight", 2), arg(anchor, "bias", 3)
+        groups, eps = arg(anchor, "num_groups", 1), arg(anchor, "eps", 4, 1e-5)
+        if not isinstance(groups, int):
+            raise Unsupported("group_norm with a computed group count")
+    else:
+        if not arg(anchor, "training", 5, False):
+            raise Unsupported("batch_norm in inference mode is elementwise: the pointwise "
+                              "kernel's")
+        if any(isinstance(arg(anchor, name, i), Ref)
+               for i, name in ((1, "running_mean"), (2, "running_var"))):
+            raise Unsupported("batch_norm that updates running statistics in place: a "
+                              "candidate may not change its inputs")
+        weight, bias = arg(anchor, "weight", 3), arg(anchor, "bias", 4)
+        groups, eps = 0, arg(anchor, "eps", 7, 1e-5)
+    if not isinstance(eps, float | int):
+        raise Unsupported(f"{kind} with a computed eps")
+    site = channel_site(graph, kind, [weight, bias])
+    n, c = site.shape[0], site.shape[1]
+    spatial = 1
+    for size in site.shape[2:]:
+        spatial *= size
+    if kind == "group_norm" and c % groups:
+        raise Unsupported(f"{c} channels do not split into {groups} groups")
+    sets, set_size = (n * groups, c // groups * spatial) if groups else (c, n * spatial)
+    share = -(-set_size // config.cluster)
+    if share * 4 > SHARED_LIMIT:
+        raise Unsupported(f"a set of {set_size} values over {config.cluster} blocks is "
+                          f"{share * 4 // 1024} KB a block, more shared memory than sm_90 has")
+    if n * c * spatial >= 1 << 31 or set_size == 0:
+        raise Unsupported(f"{n * c * spatial} values: the cluster kernel indexes a set with "
+                          "32-bit integers and needs at least one value per set")
+
+    vec = config.vector
+    if spatial % vec:
+        raise Unsupported(f"{spatial} positions do not come in runs of {vec} for vectors")
+    share = -(-set_size // (config.cluster * vec)) * vec
+    source = anchor.args[0]
+    value: dict[Ref, str] = {Ref(i, True): f"x{i}" for i in site.used}
+    value.update({Ref(i, False): f"v{i}" for i in range(len(graph.ops))})
+    x = value[source]
+    affine = "".join(f" {sign} {value[p]}" for sign, p in (("*", weight), ("+", bias))
+                     if isinstance(p, Ref))
+    set_coordinates = _GROUP_SET if groups else _BATCH_SET
+    outs = [f"out{k}" for k in range(len(graph.outputs))]
+    pointer_params = [f"const {storage_type(graph.inputs[i].dtype)}* __restrict__ in{i},"
+                      for i in site.used] + [
+        f"{storage_type(graph.info(ref).dtype)}* __restrict__ out{k},"
+        for k, ref in enumerate(graph.outputs)]
+    stride_params = [f"long long in{i}_sc" if i in site.channel else
+                     f"long long in{i}_sn, long long in{i}_sc, long long in{i}_ss"
+                     for i in site.used]
+
+    def kernel(name: str, width: int) -> str:
+        # Pass 1 loads the normalized value (or what it is computed from); pass 2 takes it from
+        # shared memory and loads only what the affine map and the epilogue read beside it.
+        source_input = {source.index} if source.is_input else set()
+        statistics = _walk(graph, site, _needed(graph, [source], set()), source_input, set(),
+                           width, value, "")
+        output = _walk(graph, site, _needed(graph, list(graph.outputs), {source}), set(),
+                       source_input, width, value, f"(({x} - mean) * rstd{affine})")
+        arrays, lanes, stores = [], [], []
+        for k, ref in enumerate(graph.outputs):
+            dtype = graph.info(ref).dtype
+            raw, element = RAW_VECTOR_TYPES[width * dtype.itemsize], storage_type(dtype)
+            arrays.append(f"__align__(16) {element} o{k}[{width}];")
+            lanes.append(f"o{k}[j] = {store_from_float(dtype, value[ref])};")
+            stores.append(f"*reinterpret_cast<{raw}*>(&out{k}[at]) = "
+                          f"*reinterpret_cast<const {raw}*>(o{k});")
+        return _KERNEL.format(
+            name=name,
+            vec=width,
+            pointer_params=indent(pointer_params, 4),
+            stride_params=indent([p + ("," if k < len(stride_params) - 1 else "")
+                                  for k, p in enumerate(stride_params)], 4),
+            set_coordinates=indent(set_coordinates.splitlines(), 4),
+            coordinates=indent((_GROUP_ELEMENT if groups else _BATCH_ELEMENT).splitlines(), 8),
+            statistics_loads=indent(statistics.loads, 8),
+            statistics_lane=indent(statistics.lane, 12),
+            x=x,
+            output_loads=indent(output.loads, 8),
+            output_arrays=indent(arrays, 8),
+            output_lane=indent(output.lane + lanes, 12),
+            stores=indent(stores, 8),
+        )
+
+    kernels = kernel(f"cluster_{kind}", 1) + (kernel(f"cluster_{kind}_vec", vec) if vec > 1
+                                               else "")
+    row_source = f"in{site.full[0]}"
+    defines = f"#define GROUPS {groups}\n" if groups else ""
+    return _SOURCE.format(
+        kind=kind,
+        ops=" → ".join(op.name for op in graph.ops),
+        config=config.describe(),
+        helpers=HELPERS + defines,
+        cluster=config.cluster,
+        threads=config.threads,
+        channels=c,
+        spatial=spatial,
+        set_size=set_size,
+        share=share,
+        eps=repr(float(eps)),
+        cluster_helpers=CLUSTER_HELPERS,
+        kernels=kernels,
+        sets=sets,
+        vec=vec,
+        arg_types="P" * len(pointer_params) + "q" * sum(
+            1 if i in site.channel else 3 for i in site.used),
+        params=", ".join(f"in{i}" for i in range(len(graph.inputs))),
+        source=row_source,
+        shape=tuple(site.shape),
+        views=indent(views(site), 8),
+        allocs=indent([f"out{k} = torch.empty(shape, device={row_source}.device, "
+                       f"dtype={graph.info(ref).dtype})" for k, ref in enumerate(graph.outputs)],
+                      8),
+        full_views=", ".join(f"x{i}" for i in site.full),
+        pointer_args=", ".join([f"x{i}" for i in site.used] + outs),
+        stride_args=stride_args(site).rstrip(", "),
+        returns=", ".join(outs),
+    )
+
