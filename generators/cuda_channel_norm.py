@@ -15,9 +15,10 @@ Sizes are compile-time constants, so each shape compiles once; strides are argum
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from generators.codegen import arg, indent, op_refs
+from generators.codegen import indent, op_refs
 from generators.cuda_expressions import (
     HELPERS,
     cuda_elementwise,
@@ -27,7 +28,7 @@ from generators.cuda_expressions import (
 )
 from generators.cuda_pointwise import RAW_VECTOR_TYPES
 from generators.site_graph import Ref, SiteGraph, Unsupported
-from generators.triton_group_norm import ChannelSite, channel_site, stride_args, views
+from generators.triton_group_norm import ChannelSite, channel_norm, stride_args, views
 
 # The most dynamic shared memory a block may opt into on sm_90 (227 KB), less the static part.
 SHARED_LIMIT = 227 * 1024 - 1024
@@ -284,48 +285,22 @@ def write_cuda_channel_norm(graph: SiteGraph, config: ClusterNormConfig) -> str:
             or config.vector not in (1, 2, 4):
         raise Unsupported(f"{config.describe()}: clusters of 2, 4 or 8 blocks (portable on "
                           "sm_90), a multiple of 32 threads up to 1024, vectors of 1, 2 or 4")
-    names = [op.name for op in graph.ops if op.name in ("group_norm", "batch_norm")]
-    if len(names) != 1:
-        raise Unsupported("the cluster kernel takes a site with one group_norm or batch_norm")
-    kind = names[0]
-    anchor = next(op for op in graph.ops if op.name == kind)
-    if kind == "group_norm":
-        weight, bias = arg(anchor, "weight", 2), arg(anchor, "bias", 3)
-        groups, eps = arg(anchor, "num_groups", 1), arg(anchor, "eps", 4, 1e-5)
-        if not isinstance(groups, int):
-            raise Unsupported("group_norm with a computed group count")
-    else:
-        if not arg(anchor, "training", 5, False):
-            raise Unsupported("batch_norm in inference mode is elementwise: the pointwise "
-                              "kernel's")
-        if any(isinstance(arg(anchor, name, i), Ref)
-               for i, name in ((1, "running_mean"), (2, "running_var"))):
-            raise Unsupported("batch_norm that updates running statistics in place: a "
-                              "candidate may not change its inputs")
-        weight, bias = arg(anchor, "weight", 3), arg(anchor, "bias", 4)
-        groups, eps = 0, arg(anchor, "eps", 7, 1e-5)
-    if not isinstance(eps, float | int):
-        raise Unsupported(f"{kind} with a computed eps")
-    site = channel_site(graph, kind, [weight, bias])
+    norm = channel_norm(graph, ("group_norm", "batch_norm"))
+    site, anchor, weight, bias, groups = norm.site, norm.op, norm.weight, norm.bias, norm.groups
+    kind = anchor.name
     n, c = site.shape[0], site.shape[1]
-    spatial = 1
-    for size in site.shape[2:]:
-        spatial *= size
-    if kind == "group_norm" and c % groups:
-        raise Unsupported(f"{c} channels do not split into {groups} groups")
+    spatial = math.prod(site.shape[2:])
     sets, set_size = (n * groups, c // groups * spatial) if groups else (c, n * spatial)
-    share = -(-set_size // config.cluster)
+    vec = config.vector
+    if spatial % vec:
+        raise Unsupported(f"{spatial} positions do not come in runs of {vec} for vectors")
+    share = -(-set_size // (config.cluster * vec)) * vec  # whole vectors a block
     if share * 4 > SHARED_LIMIT:
         raise Unsupported(f"a set of {set_size} values over {config.cluster} blocks is "
                           f"{share * 4 // 1024} KB a block, more shared memory than sm_90 has")
     if n * c * spatial >= 1 << 31 or set_size == 0:
         raise Unsupported(f"{n * c * spatial} values: the cluster kernel indexes a set with "
                           "32-bit integers and needs at least one value per set")
-
-    vec = config.vector
-    if spatial % vec:
-        raise Unsupported(f"{spatial} positions do not come in runs of {vec} for vectors")
-    share = -(-set_size // (config.cluster * vec)) * vec
     source = anchor.args[0]
     value: dict[Ref, str] = {Ref(i, True): f"x{i}" for i in site.used}
     value.update({Ref(i, False): f"v{i}" for i in range(len(graph.ops))})
@@ -390,7 +365,7 @@ def write_cuda_channel_norm(graph: SiteGraph, config: ClusterNormConfig) -> str:
         spatial=spatial,
         set_size=set_size,
         share=share,
-        eps=repr(float(eps)),
+        eps=repr(norm.eps),
         cluster_helpers=CLUSTER_HELPERS,
         kernels=kernels,
         sets=sets,

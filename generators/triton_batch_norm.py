@@ -18,12 +18,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from generators.codegen import SM_COUNT_LINE, arg, indent
+from generators.codegen import SM_COUNT_LINE, indent
 from generators.expressions import with_jit_helpers
-from generators.site_graph import Ref, SiteGraph, Unsupported
+from generators.site_graph import Ref, SiteGraph
 from generators.triton_group_norm import (
     ChannelSite,
-    channel_site,
+    channel_norm,
     elementwise_lines,
     normalized_output,
     statistics_inputs,
@@ -186,21 +186,8 @@ def _channel_loads(site: ChannelSite, needed: set[int]) -> list[str]:
 
 def write_batch_norm(graph: SiteGraph, config: BatchNormConfig) -> str:
     """ModelNew for a site of one training-mode F.batch_norm without running statistics."""
-    anchors = [op for op in graph.ops if op.name == "batch_norm"]
-    if len(anchors) != 1:
-        raise Unsupported("the batch-statistics kernel takes a site with one batch_norm")
-    anchor = anchors[0]
-    if not arg(anchor, "training", 5, False):
-        raise Unsupported("batch_norm in inference mode is elementwise: the pointwise kernel's")
-    if any(isinstance(arg(anchor, name, i), Ref)
-           for i, name in ((1, "running_mean"), (2, "running_var"))):
-        raise Unsupported("batch_norm that updates running statistics in place: a candidate "
-                          "may not change its inputs")
-    weight, bias = arg(anchor, "weight", 3), arg(anchor, "bias", 4)
-    eps = arg(anchor, "eps", 7, 1e-5)
-    if not isinstance(eps, float | int):
-        raise Unsupported("batch_norm with a computed eps")
-    site = channel_site(graph, "batch_norm", [weight, bias])
+    norm = channel_norm(graph, ("batch_norm",))
+    site, anchor, weight, bias, eps = norm.site, norm.op, norm.weight, norm.bias, norm.eps
     r = site.anchor
     source = anchor.args[0]
     before = list(enumerate(graph.ops[:r]))

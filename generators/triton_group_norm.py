@@ -105,6 +105,47 @@ def channel_site(graph: SiteGraph, name: str, params: list[object]) -> ChannelSi
     return ChannelSite(r, shape, used, full, channel)
 
 
+@dataclass(frozen=True)
+class ChannelNorm:
+    """A site's one group_norm or training-mode batch_norm, as the writers read it."""
+
+    op: Op
+    weight: object  # the per-channel affine parameters: Refs, or None
+    bias: object
+    groups: int  # 0 for batch norm, whose sets are whole channels over the batch
+    eps: float
+    site: ChannelSite
+
+
+def channel_norm(graph: SiteGraph, names: tuple[str, ...]) -> ChannelNorm:
+    """The site's normalization among `names`, checked for what a kernel of it can compute."""
+    found = [op for op in graph.ops if op.name in names]
+    if len(found) != 1:
+        raise Unsupported(f"the {' or '.join(names)} kernel takes a site with one of them")
+    op = found[0]
+    if op.name == "group_norm":
+        weight, bias = arg(op, "weight", 2), arg(op, "bias", 3)
+        groups, eps = arg(op, "num_groups", 1), arg(op, "eps", 4, 1e-5)
+        if not isinstance(groups, int):
+            raise Unsupported("group_norm with a computed group count")
+    else:
+        if not arg(op, "training", 5, False):
+            raise Unsupported("batch_norm in inference mode is elementwise: the pointwise "
+                              "kernel's")
+        if any(isinstance(arg(op, name, i), Ref)
+               for i, name in ((1, "running_mean"), (2, "running_var"))):
+            raise Unsupported("batch_norm that updates running statistics in place: a "
+                              "candidate may not change its inputs")
+        weight, bias = arg(op, "weight", 3), arg(op, "bias", 4)
+        groups, eps = 0, arg(op, "eps", 7, 1e-5)
+    if not isinstance(eps, float | int):
+        raise Unsupported(f"{op.name} with a computed eps")
+    site = channel_site(graph, op.name, [weight, bias])
+    if groups and site.shape[1] % groups:
+        raise Unsupported(f"{site.shape[1]} channels do not split into {groups} groups")
+    return ChannelNorm(op, weight, bias, groups, float(eps), site)
+
+
 def tile_loads(site: ChannelSite, needed: set[int], batch: str, channels: str,
                channel_mask: str) -> list[str]:
     """Loads of a [BLOCK_C, BLOCK_S] tile at sample(s) `batch` and channel vector `channels`."""
@@ -305,17 +346,10 @@ def _persistent_grid(source: str, programs_per_sm: int) -> list[str]:
 
 def write_group_norm(graph: SiteGraph, config: GroupNormConfig) -> str:
     """ModelNew for a site of one F.group_norm with elementwise ops on its input's shape."""
-    anchors = [op for op in graph.ops if op.name == "group_norm"]
-    anchor = anchors[0] if anchors else None
-    params = [arg(anchor, "weight", 2), arg(anchor, "bias", 3)] if anchor else []
-    site = channel_site(graph, "group_norm", params)
+    norm = channel_norm(graph, ("group_norm",))
+    site, anchor, groups, eps = norm.site, norm.op, norm.groups, norm.eps
+    params = [norm.weight, norm.bias]
     r = site.anchor
-    groups = arg(anchor, "num_groups", 1)
-    eps = arg(anchor, "eps", 4, 1e-5)
-    if not isinstance(groups, int) or not isinstance(eps, float | int):
-        raise Unsupported("group_norm with a computed group count or eps")
-    if site.shape[1] % groups:
-        raise Unsupported(f"{site.shape[1]} channels do not split into {groups} groups")
     source = anchor.args[0]
     before = list(enumerate(graph.ops[:r]))
     value = {Ref(i, True): f"x{i}" for i in site.used}
