@@ -19,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.ladder_bench import print_ranked  # noqa: E402
 from core.evaluate import EvalConfig, Evaluator  # noqa: E402
 from core.roofline import GpuPeaks  # noqa: E402
 from core.site_baseline import time_site  # noqa: E402
@@ -103,15 +104,8 @@ def main() -> int:
             floor = site.bytes / PEAKS.bandwidth * 1e3
             print(f"\n{site.name}: eager {baseline.eager_ms:.4f} ms, compile "
                   f"{baseline.compile_ms:.4f} ms, byte floor {floor:.4f} ms")
-            print(f"{'ms':>9}{'% floor':>9}{'x comp':>8}  configuration")
-            for config, verdict in sorted(zip(configs, verdicts, strict=True),
-                                          key=lambda cv: cv[1].latency_ms or float("inf")):
-                if not verdict.accepted:
-                    print(f"{'-':>9}{'':>9}{'':>8}  {config}: {verdict.reason[:80]}")
-                    continue
-                ms = verdict.latency_ms
-                print(f"{ms:9.4f}{100 * floor / ms:8.0f}%{baseline.compile_ms / ms:8.2f}  "
-                      f"{config}", flush=True)
+            print_ranked([(str(c), v) for c, v in zip(configs, verdicts, strict=True)], floor,
+                         baseline.compile_ms, "configuration")
     return 0
 
 

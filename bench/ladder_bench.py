@@ -23,17 +23,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.rules_generator_bench import CASES, Case, problem_source  # noqa: E402
+from bench.rules_generator_bench import CASES, floor_ms, problem_source  # noqa: E402
 from core.evaluate import EvalConfig, Evaluator  # noqa: E402
-from core.roofline import GpuPeaks  # noqa: E402
 from core.site_baseline import time_site  # noqa: E402
+from core.verdict import Verdict  # noqa: E402
 from generators.cuda_channel_norm import ClusterNormConfig, write_cuda_channel_norm  # noqa: E402
 from generators.rules import WRITERS  # noqa: E402
 from generators.site_graph import SiteGraph, Unsupported, load_site_graph  # noqa: E402
 from generators.triton_matmul import MatmulConfig, write_triton_matmul  # noqa: E402
 from generators.triton_pointwise import PointwiseConfig, write_pointwise  # noqa: E402
-
-PEAKS = GpuPeaks()
 
 
 @dataclass(frozen=True)
@@ -83,9 +81,17 @@ LADDERS = [
 ]
 
 
-def floor_ms(case: Case) -> float:
-    flops = case.flops / PEAKS.matrix_flops["bf16"] if case.flops else 0.0
-    return max(case.bytes / PEAKS.bandwidth, flops) * 1e3
+def print_ranked(labelled: list[tuple[str, Verdict]], floor_ms: float, compile_ms: float,
+                 what: str = "setting") -> None:
+    """One line a kernel, fastest first: its time, share of the floor and speedup over
+    torch.compile; a rejected one with the evaluator's reason."""
+    print(f"{'ms':>9}{'% floor':>9}{'x comp':>8}  {what}")
+    for label, verdict in sorted(labelled, key=lambda lv: lv[1].latency_ms or float("inf")):
+        if not verdict.accepted:
+            print(f"{'-':>9}{'':>9}{'':>8}  {label}: {verdict.reason[:120]}")
+            continue
+        ms = verdict.latency_ms
+        print(f"{ms:9.4f}{100 * floor_ms / ms:8.0f}%{compile_ms / ms:8.2f}  {label}", flush=True)
 
 
 def main() -> int:
@@ -111,16 +117,8 @@ def main() -> int:
             floor = floor_ms(case)
             print(f"\n{case.name}: eager {baseline.eager_ms:.4f} ms, compile "
                   f"{baseline.compile_ms:.4f} ms, floor {floor:.4f} ms")
-            print(f"{'ms':>9}{'% floor':>9}{'x comp':>8}  setting")
-            ranked = sorted(zip(plans, verdicts, strict=True),
-                            key=lambda pv: pv[1].latency_ms or float("inf"))
-            for (label, _), verdict in ranked:
-                if not verdict.accepted:
-                    print(f"{'-':>9}{'':>9}{'':>8}  {label}: {verdict.reason[:120]}")
-                    continue
-                ms = verdict.latency_ms
-                print(f"{ms:9.4f}{100 * floor / ms:8.0f}%{baseline.compile_ms / ms:8.2f}  {label}",
-                      flush=True)
+            print_ranked([(label, verdict) for (label, _), verdict
+                          in zip(plans, verdicts, strict=True)], floor, baseline.compile_ms)
     return 0
 
 

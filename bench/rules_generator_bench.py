@@ -89,6 +89,11 @@ CASES = [
 ]
 
 
+def floor_ms(case: Case) -> float:
+    """The case's roofline floor: its bytes at the copy bandwidth, or its FLOPs in bf16."""
+    return max(case.bytes / PEAKS.bandwidth, case.flops / PEAKS.matrix_flops["bf16"]) * 1e3
+
+
 def problem_source(case: Case) -> str:
     return ("import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
             f"    def forward(self, {case.params}):\n        return {case.body}\n\n\n"
@@ -178,8 +183,7 @@ def main() -> int:
             problem.write_text(problem_source(case))
             baseline = time_site(problem, EvalConfig(device="cuda"))
             eager, compiled = baseline.eager_ms, baseline.compile_ms
-            floor = max(case.bytes / PEAKS.bandwidth,
-                        case.flops / PEAKS.matrix_flops["bf16"]) * 1e3
+            floor = floor_ms(case)
             judged = search_case(generator, evaluator, problem, case.tiers, baseline.best_ms,
                                  floor, args.evaluations)
             accepted = [(v, p) for v, p in judged if v.accepted]

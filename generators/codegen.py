@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from generators.site_graph import Op, Ref
+from generators.site_graph import Op, Ref, SiteGraph
 
 # Elementwise operators every kernel language spells the same way.
 BINARY_OPERATORS = {"add": "+", "sub": "-", "mul": "*", "div": "/", "true_divide": "/",
@@ -45,6 +45,19 @@ def refs_in(values: tuple) -> list[Ref]:
 
 def op_refs(op: Op) -> list[Ref]:
     return refs_in(op.args + tuple(v for _, v in op.kwargs))
+
+
+def ops_needed(graph: SiteGraph, roots: list[Ref], given: set[Ref]) -> set[int]:
+    """Indices of the ops the `roots` depend on, not looking through the `given` values."""
+    found: set[int] = set()
+    pending = [r for r in roots if not r.is_input and r not in given]
+    while pending:
+        ref = pending.pop()
+        if ref.index not in found:
+            found.add(ref.index)
+            pending += [r for r in op_refs(graph.ops[ref.index])
+                        if not r.is_input and r not in given]
+    return found
 
 
 def arg_at(op: Op, index: int, default: object = None) -> object:

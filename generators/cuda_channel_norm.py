@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from generators.codegen import indent, op_refs
+from generators.codegen import indent, op_refs, ops_needed
 from generators.cuda_expressions import (
     HELPERS,
     cuda_elementwise,
@@ -232,19 +232,6 @@ _BATCH_ELEMENT = """const int sample = e / SPATIAL;
 const int p = e - sample * SPATIAL;"""
 
 
-def _needed(graph: SiteGraph, roots: list[Ref], given: set[Ref]) -> set[int]:
-    """Indices of the ops `roots` depend on, taking the `given` values as known."""
-    found: set[int] = set()
-    pending = [r for r in roots if not r.is_input and r not in given]
-    while pending:
-        ref = pending.pop()
-        if ref.index not in found:
-            found.add(ref.index)
-            pending += [r for r in op_refs(graph.ops[ref.index])
-                        if not r.is_input and r not in given]
-    return found
-
-
 @dataclass(frozen=True)
 class _Pass:
     """One walk's code: what is loaded once a step (per-channel values, raw vectors of the full
@@ -321,9 +308,9 @@ def write_cuda_channel_norm(graph: SiteGraph, config: ClusterNormConfig) -> str:
         # Pass 1 loads the normalized value (or what it is computed from); pass 2 takes it from
         # shared memory and loads only what the affine map and the epilogue read beside it.
         source_input = {source.index} if source.is_input else set()
-        statistics = _walk(graph, site, _needed(graph, [source], set()), source_input, set(),
+        statistics = _walk(graph, site, ops_needed(graph, [source], set()), source_input, set(),
                            width, value, "")
-        output = _walk(graph, site, _needed(graph, list(graph.outputs), {source}), set(),
+        output = _walk(graph, site, ops_needed(graph, list(graph.outputs), {source}), set(),
                        source_input, width, value, f"(({x} - mean) * rstd{affine})")
         arrays, lanes, stores = [], [], []
         for k, ref in enumerate(graph.outputs):

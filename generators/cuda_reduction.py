@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from generators.codegen import BROADCAST_SHAPE_HELPER, indent, op_refs
+from generators.codegen import BROADCAST_SHAPE_HELPER, indent, op_refs, ops_needed
 from generators.cuda_expressions import (
     HELPERS,
     cuda_elementwise,
@@ -214,20 +214,6 @@ def _anchor(graph: SiteGraph) -> int:
     return index
 
 
-def _needed(graph: SiteGraph, roots: list[Ref], stop: set[Ref]) -> set[int]:
-    """Indices of the ops the roots depend on, not looking through `stop`."""
-    found: set[int] = set()
-    pending = [r for r in roots if not r.is_input and r not in stop]
-    while pending:
-        ref = pending.pop()
-        if ref.index in found:
-            continue
-        found.add(ref.index)
-        op = graph.ops[ref.index]
-        pending += [r for r in op_refs(op) if not r.is_input and r not in stop]
-    return found
-
-
 def _finalize(op: Op, kind: str, x: str, value: dict[Ref, str]) -> tuple[list[str], str]:
     """Row statistics from the merged state, and the expression of the anchor's result."""
     if kind == "sum":
@@ -320,7 +306,7 @@ def write_cuda_reduction(graph: SiteGraph, config: CudaReductionConfig) -> str:
 
     x = value[reduced]
     stats, anchor_value = _finalize(anchor, kind, x, value)
-    pass1_body = element_lines(_needed(graph, [reduced], set()),
+    pass1_body = element_lines(ops_needed(graph, [reduced], set()),
                                {reduced.index} if reduced.is_input else set())
     state, merge = _STATE[kind]
     names = [name for name, _ in state]
@@ -358,7 +344,7 @@ def write_cuda_reduction(graph: SiteGraph, config: CudaReductionConfig) -> str:
             for k, r in row_outputs] + ["}"]
     pass2 = ""
     if element_outputs:
-        needed = _needed(graph, [r for _, r in element_outputs], row_level)
+        needed = ops_needed(graph, [r for _, r in element_outputs], row_level)
         stores = [f"out{k}[row * n_cols + c] = "
                   f"{store_from_float(graph.info(r).dtype, value[r])};" for k, r in element_outputs]
         pass2 = _PASS2.format(body=indent(element_lines(needed, set()), 8),
