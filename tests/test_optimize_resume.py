@@ -20,6 +20,18 @@ def stored(db) -> list[tuple]:
             "ORDER BY c.id").fetchall()
 
 
+def judged(db) -> int:
+    """Candidates stored with their verdict so far; none while the run has not made its
+    tables yet (the file exists a moment before its schema does)."""
+    if not db.exists():
+        return 0
+    with sqlite3.connect(db) as connection:
+        if connection.execute(
+                "SELECT 1 FROM sqlite_master WHERE name = 'candidates'").fetchone() is None:
+            return 0
+    return len([r for r in stored(db) if r[3] is not None])
+
+
 def test_kill_minus_9_then_resume_finishes_the_same_run(tmp_path):
     db, out = tmp_path / "kiln.db", tmp_path / "out"
     args = ["tests.models:make_mlp", "--device", "cpu", "--db", str(db), "--sites", "1",
@@ -30,7 +42,7 @@ def test_kill_minus_9_then_resume_finishes_the_same_run(tmp_path):
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and writer.poll() is None:
-        if db.exists() and len([r for r in stored(db) if r[3] is not None]) >= 3:
+        if judged(db) >= 3:
             break
         time.sleep(0.2)
     assert writer.poll() is None, "the run finished before it could be killed"
