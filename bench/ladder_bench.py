@@ -6,7 +6,8 @@ setting judged by the evaluator and timed against eager, torch.compile and the f
 - norms: group norm + SiLU and batch norm (batch statistics), the cluster CUDA kernel at each
   cluster size × threads (vector 4) against the Triton writers' drafts;
 - matmul: linear + GELU 4096³ bf16 over tile shapes, warps, stages and GROUP_M;
-- pointwise: bias + GELU 8192² bf16 over block sizes and warps.
+- pointwise: bias + GELU 8192² bf16 over block sizes and warps;
+- dims: sum over dim 1 of 64×2048×512 fp32 over tile shapes, warps and split reductions.
 
 Sites and floors are those of `bench/rules_generator_bench.py`. Prints one table per site,
 fastest first; a rejected setting shows the evaluator's reason.
@@ -30,6 +31,7 @@ from core.verdict import Verdict  # noqa: E402
 from generators.cuda_channel_norm import ClusterNormConfig, write_cuda_channel_norm  # noqa: E402
 from generators.rules import WRITERS  # noqa: E402
 from generators.site_graph import SiteGraph, Unsupported, load_site_graph  # noqa: E402
+from generators.triton_dim_reduction import AUTO_SPLIT, DimConfig, write_dim_reduction  # noqa: E402
 from generators.triton_matmul import MatmulConfig, write_triton_matmul  # noqa: E402
 from generators.triton_pointwise import PointwiseConfig, write_pointwise  # noqa: E402
 
@@ -73,11 +75,19 @@ def pointwise_settings(graph: SiteGraph) -> list[tuple[str, str]]:
     return [(config.describe(), write_pointwise(graph, config)) for config in configs]
 
 
+def dim_settings(graph: SiteGraph) -> list[tuple[str, str]]:
+    configs = [DimConfig(block_r, block_i, warps, split) for block_r in (64, 128, 256)
+               for block_i in (16, 32, 64) for warps in (4, 8) for split in (1, AUTO_SPLIT)
+               if block_r * block_i <= 8192]
+    return [(config.describe(), write_dim_reduction(graph, config)) for config in configs]
+
+
 LADDERS = [
     Ladder("norms", "group_norm(32)", norm_settings),
     Ladder("norms", "batch_norm, batch statistics", norm_settings),
     Ladder("matmul", "linear + gelu", matmul_settings),
     Ladder("pointwise", "bias + gelu", pointwise_settings),
+    Ladder("dims", "sum over dim 1", dim_settings),
 ]
 
 
@@ -97,13 +107,14 @@ def print_ranked(labelled: list[tuple[str, Verdict]], floor_ms: float, compile_m
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--only", default="norms,matmul,pointwise",
-                        help="comma-separated groups: norms, matmul, pointwise")
+    parser.add_argument("--only", default="norms,matmul,pointwise,dims",
+                        help="comma-separated groups: norms, matmul, pointwise, dims")
     args = parser.parse_args()
     groups = {part.strip() for part in args.only.split(",")}
     unknown = groups - {ladder.group for ladder in LADDERS}
     if unknown:
-        parser.error(f"unknown group(s) {sorted(unknown)}: choose from norms, matmul, pointwise")
+        parser.error(f"unknown group(s) {sorted(unknown)}: choose from "
+                     f"{sorted({ladder.group for ladder in LADDERS})}")
     with tempfile.TemporaryDirectory(prefix="kiln-ladders-") as folder, \
             Evaluator(EvalConfig(device="cuda"), workers=args.workers) as evaluator:
         for index, ladder in enumerate(x for x in LADDERS if x.group in groups):

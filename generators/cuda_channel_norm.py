@@ -3,9 +3,10 @@
 The values normalized together (a set: one sample's group of channels for group norm, one
 channel over the batch for batch norm) are shared out among the CLUSTER blocks of a sm_90
 thread-block cluster. Each block computes the prologue over its share and keeps the result in
-shared memory; the blocks merge their sums through distributed shared memory, first for the
-mean, then for the squared deviations from it, taken again from shared memory (an exact
-two-pass variance at no extra read of global memory). Each block then normalizes its share from
+shared memory. Each thread sums its values and their squares shifted by its first value, the
+threads' (count, mean, M2) states merge over the block, and the blocks' states merge through
+distributed shared memory once (Chan et al.; one cluster barrier instead of one per sum took
+8 × 256 group norm from 0.1035 to 0.1014 ms on an H200). Each block then normalizes its share from
 shared memory, applies the affine map and the epilogue, and stores. Global traffic is one read
 and one write. The Triton kernels read twice: a 16 × 4096 fp32 group (256 KB) leaves L2 between
 its two walks (66 % of the byte floor measured at 16×512×64², where two reads cap it at 67 %).
@@ -16,6 +17,7 @@ Sizes are compile-time constants, so each shape compiles once; strides are argum
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 from generators.codegen import indent, op_refs, ops_needed
@@ -33,12 +35,15 @@ from generators.triton_group_norm import ChannelSite, channel_norm, stride_args,
 # The most dynamic shared memory a block may opt into on sm_90 (227 KB), less the static part.
 SHARED_LIMIT = 227 * 1024 - 1024
 
+# A thread step's values go to and from shared memory as one vector of this type.
+HELD_TYPES = {1: "float", 2: "float2", 4: "float4"}
+
 
 @dataclass(frozen=True)
 class ClusterNormConfig:
-    # 8 blocks of 256 threads (32 KB of fp32 values a block at 16×512×64² group norm, seven
-    # blocks an SM) were the fastest clusters on an H200; 2-block clusters of 256 threads, one
-    # block an SM, ran 2.3x slower (bench/NOTES.md).
+    # Blocks an SM follow the share a block holds: 8 × 256 at 16×512×64² group norm holds
+    # 32 KB a block, six blocks an SM; 2 × 256, one block an SM, ran 2.3x slower on an H200
+    # (bench/NOTES.md). The rules' drafts give the fastest settings per site.
     cluster: int = 8  # blocks sharing one set of values
     threads: int = 256  # per block
     vector: int = 1  # values a thread moves per step: 4 = one 16-byte fp32 load a tensor
@@ -81,93 +86,122 @@ __device__ __forceinline__ float cluster_load(const float* local, unsigned int r
     return value;
 }
 
-// The sum over the block, in every thread. `scratch` holds one float per warp.
-__device__ __forceinline__ float block_sum(float value, float* scratch) {
+// A count, mean and sum of squared deviations from the mean of some values.
+struct Moments {
+    float n, mean, m2;
+};
+
+// The moments of the union of two disjoint sets of values (Chan et al.).
+__device__ __forceinline__ Moments merge(Moments a, Moments b) {
+    const float n = a.n + b.n;
+    if (n == 0.0f) {
+        return a;
+    }
+    const float delta = b.mean - a.mean;
+    const float part = __fdividef(b.n, n);
+    return {n, a.mean + delta * part, a.m2 + b.m2 + delta * delta * a.n * part};
+}
+
+// The moments over the warp, in every lane.
+__device__ __forceinline__ Moments warp_moments(Moments value) {
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) {
-        value += __shfl_xor_sync(0xffffffff, value, offset);
+        const Moments other = {__shfl_xor_sync(0xffffffff, value.n, offset),
+                               __shfl_xor_sync(0xffffffff, value.mean, offset),
+                               __shfl_xor_sync(0xffffffff, value.m2, offset)};
+        value = merge(value, other);
     }
+    return value;
+}
+
+// The moments over the block, in every thread. `scratch` holds one Moments per warp.
+__device__ __forceinline__ Moments block_moments(Moments value, Moments* scratch) {
+    value = warp_moments(value);
     if (threadIdx.x % 32 == 0) {
         scratch[threadIdx.x / 32] = value;
     }
     __syncthreads();
-    value = threadIdx.x % 32 < THREADS / 32 ? scratch[threadIdx.x % 32] : 0.0f;
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        value += __shfl_xor_sync(0xffffffff, value, offset);
-    }
-    return value;
+    const Moments none = {0.0f, 0.0f, 0.0f};
+    return warp_moments(threadIdx.x % 32 < THREADS / 32 ? scratch[threadIdx.x % 32] : none);
 }
 """
 
 # With vectors the kernel is written twice: once moving VEC values a thread step (one vector
-# load or store a tensor, the coordinates found once a vector), used when every full input's
-# positions are contiguous and aligned; once a value at a time, for any strides.
+# load or store a tensor, the coordinates found once a vector), used when every full input is
+# contiguous and aligned, so that an element's offset is its 32-bit index; once a value at a
+# time, for any strides.
 _KERNEL = """
 __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(THREADS)
 {name}(
 {pointer_params}
 {stride_params})
 {{
-    __shared__ float scratch[32];
-    __shared__ float parts[2];
+    __shared__ Moments scratch[32];
+    __shared__ Moments parts;
     const int set = blockIdx.x / CLUSTER;
     const int begin = (int)cluster_rank() * SHARE;
     const int end = min(begin + SHARE, SET_SIZE);
 {set_coordinates}
 
-    float sum = 0.0f;
+    // Each thread sums its values and their squares shifted by its first value, which keeps
+    // the variance free of cancellation without a second pass over shared memory.
+    float shift = 0.0f, shifted = 0.0f, squares = 0.0f;
+    int steps = 0;
 #pragma unroll 4
     for (int e = begin + threadIdx.x * {vec}; e < end; e += THREADS * {vec}) {{
-{coordinates}
+{statistics_coordinates}
 {statistics_loads}
+        {held_type} kept;
+        float* kept_lanes = reinterpret_cast<float*>(&kept);
 #pragma unroll
         for (int j = 0; j < {vec}; ++j) {{
 {statistics_lane}
-            held[e - begin + j] = {x};
-            sum += {x};
+            kept_lanes[j] = {x};
+        }}
+        *reinterpret_cast<{held_type}*>(&held[e - begin]) = kept;
+        if (steps++ == 0) {{
+            shift = kept_lanes[0];
+        }}
+#pragma unroll
+        for (int j = 0; j < {vec}; ++j) {{
+            const float deviation = kept_lanes[j] - shift;
+            shifted += deviation;
+            squares += deviation * deviation;
         }}
     }}
-    sum = block_sum(sum, scratch);
+    // The threads' moments merged over the block, then once over the cluster: lane r takes
+    // block r's.
+    const float n = (float)(steps * {vec});
+    const float offset = n > 0.0f ? __fdividef(shifted, n) : 0.0f;
+    const Moments own = block_moments({{n, shift + offset, squares - shifted * offset}}, scratch);
     if (threadIdx.x == 0) {{
-        parts[0] = sum;
+        parts = own;
     }}
     cluster_sync();
-    float total = 0.0f;
-    for (unsigned int r = 0; r < CLUSTER; ++r) {{
-        total += cluster_load(&parts[0], r);
+    const unsigned int lane = threadIdx.x % 32;
+    Moments block = {{0.0f, 0.0f, 0.0f}};
+    if (lane < CLUSTER) {{
+        block = {{cluster_load(&parts.n, lane), cluster_load(&parts.mean, lane),
+                 cluster_load(&parts.m2, lane)}};
     }}
-    const float mean = total / (float)SET_SIZE;
-
-    float squares = 0.0f;
-    for (int i = threadIdx.x; i < end - begin; i += THREADS) {{
-        const float deviation = held[i] - mean;
-        squares += deviation * deviation;
-    }}
-    squares = block_sum(squares, scratch);
-    if (threadIdx.x == 0) {{
-        parts[1] = squares;
-    }}
-    cluster_sync();
-    total = 0.0f;
-    for (unsigned int r = 0; r < CLUSTER; ++r) {{
-        total += cluster_load(&parts[1], r);
-    }}
-    const float rstd = rsqrtf(total / (float)SET_SIZE + EPS);
+    const Moments whole = warp_moments(block);
+    const float mean = whole.mean;
+    const float rstd = rsqrtf(whole.m2 / (float)SET_SIZE + EPS);
     // Done reading the other blocks' shared memory; none may exit before all are.
     cluster_arrive();
 
 #pragma unroll 2
     for (int e = begin + threadIdx.x * {vec}; e < end; e += THREADS * {vec}) {{
-{coordinates}
+{output_coordinates}
 {output_loads}
+        const {held_type} kept = *reinterpret_cast<const {held_type}*>(&held[e - begin]);
+        const float* kept_lanes = reinterpret_cast<const float*>(&kept);
 {output_arrays}
 #pragma unroll
         for (int j = 0; j < {vec}; ++j) {{
-            const float {x} = held[e - begin + j];
+            const float {x} = kept_lanes[j];
 {output_lane}
         }}
-        const long long at = (long long)sample * C * SPATIAL + (long long)channel * SPATIAL + p;
 {stores}
     }}
     cluster_wait();
@@ -190,7 +224,7 @@ SOURCE = r"""{helpers}
 #define SHARE {share}
 #define EPS {eps}f
 {cluster_helpers}
-extern __shared__ float held[];
+extern __shared__ __align__(16) float held[];
 {kernels}"""
 
 SETS = {sets}
@@ -211,25 +245,38 @@ class ModelNew(nn.Module):
         spatial = {source}.numel() // max(n * c, 1)
 {views}
 {allocs}
-        # Vectors need every full input's positions contiguous and its runs of VEC aligned.
+        # Vectors need every full input contiguous and its runs of VEC aligned.
         vector = self.vector is not None and all(
-            x.stride(2) == 1 and x.stride(0) % VEC == 0 and x.stride(1) % VEC == 0
-            and x.data_ptr() % (VEC * x.element_size()) == 0 for x in ({full_views},))
+            x.is_contiguous() and x.data_ptr() % (VEC * x.element_size()) == 0
+            for x in ({full_views},))
         kernel = self.vector if vector else self.scalar
         kernel(grid=(SETS * {cluster}, 1, 1), block=({threads}, 1, 1),
                args=({pointer_args}, {stride_args}), shared_mem=SHARED_BYTES)
         return {returns}
 '''
 
-# Where element e of a set lies: its sample, channel and position.
 _GROUP_SET = """const int sample = set / GROUPS;
-const int first = (set % GROUPS) * (C / GROUPS);"""
-_GROUP_ELEMENT = """const int outer = e / SPATIAL;
-const int p = e - outer * SPATIAL;
-const int channel = first + outer;"""
+const int first = (set % GROUPS) * (C / GROUPS);
+const int base = (sample * C + first) * SPATIAL;"""
 _BATCH_SET = "const int channel = set;"
-_BATCH_ELEMENT = """const int sample = e / SPATIAL;
-const int p = e - sample * SPATIAL;"""
+
+
+# Where element e of a set lies: its sample, channel and position, and its offset `at` in the
+# contiguous output (and, in the vector kernel, in every full input).
+_GROUP_ELEMENT = ["const int channel = first + e / SPATIAL;", "const int p = e % SPATIAL;",
+                  "const int at = base + e;"]
+_BATCH_ELEMENT = ["const int sample = e / SPATIAL;", "const int p = e - sample * SPATIAL;",
+                  "const int at = (sample * C + channel) * SPATIAL + p;"]
+
+
+def _coordinates_used(lines: list[str], code: list[str]) -> list[str]:
+    """The coordinate lines that `code` (or a line kept after them) reads."""
+    kept: list[str] = []
+    for line in reversed(lines):
+        name = line.split("=")[0].split()[-1]
+        if any(re.search(rf"\b{name}\b", text) for text in code + kept):
+            kept.insert(0, line)
+    return kept
 
 
 @dataclass(frozen=True)
@@ -244,7 +291,7 @@ class _Pass:
 def _walk(graph: SiteGraph, site: ChannelSite, ops: set[int], inputs: set[int],
           held: set[int], vec: int, value: dict[Ref, str], anchor_value: str) -> _Pass:
     """The inputs (and those the ops read, but the `held` ones) loaded at the step's
-    coordinates, then the ops."""
+    coordinates (at `at` with vectors, through the strides without), then the ops."""
     inputs = (inputs | {r.index for i in ops for r in op_refs(graph.ops[i]) if r.is_input}) - held
     loads, lane = [], []
     for i in sorted(inputs):
@@ -254,8 +301,8 @@ def _walk(graph: SiteGraph, site: ChannelSite, ops: set[int], inputs: set[int],
             loads.append(f"const float x{i} = {load_as_float(dtype, element)};")
             continue
         raw, element = RAW_VECTOR_TYPES[vec * dtype.itemsize], storage_type(dtype)
-        at = (f"(long long)sample * in{i}_sn + (long long)channel * in{i}_sc + "
-              f"(long long)p * in{i}_ss")
+        at = "at" if vec > 1 else (f"(long long)sample * in{i}_sn + (long long)channel * "
+                                   f"in{i}_sc + (long long)p * in{i}_ss")
         loads += [f"const {raw} raw{i} = *reinterpret_cast<const {raw}*>(&in{i}[{at}]);",
                   f"const {element}* e{i} = reinterpret_cast<const {element}*>(&raw{i});"]
         lane.append(f"const float x{i} = {load_as_float(dtype, f'e{i}[j]')};")
@@ -313,21 +360,28 @@ def write_cuda_channel_norm(graph: SiteGraph, config: ClusterNormConfig) -> str:
         output = _walk(graph, site, ops_needed(graph, list(graph.outputs), {source}), set(),
                        source_input, width, value, f"(({x} - mean) * rstd{affine})")
         arrays, lanes, stores = [], [], []
+        coordinates = _GROUP_ELEMENT if groups else _BATCH_ELEMENT
         for k, ref in enumerate(graph.outputs):
             dtype = graph.info(ref).dtype
             raw, element = RAW_VECTOR_TYPES[width * dtype.itemsize], storage_type(dtype)
-            arrays.append(f"__align__(16) {element} o{k}[{width}];")
+            arrays.append(f"{raw} packed{k};")
+            arrays.append(f"{element}* o{k} = reinterpret_cast<{element}*>(&packed{k});")
             lanes.append(f"o{k}[j] = {store_from_float(dtype, value[ref])};")
-            stores.append(f"*reinterpret_cast<{raw}*>(&out{k}[at]) = "
-                          f"*reinterpret_cast<const {raw}*>(o{k});")
+            # A plain store of the packed vector compiled to one 4-byte store a value (sm_90,
+            # nvcc 13.0); __stcs is one vector store, marked evict-first: nothing reads it again.
+            stores.append(f"__stcs(reinterpret_cast<{raw}*>(&out{k}[at]), packed{k});")
         return _KERNEL.format(
             name=name,
             vec=width,
+            held_type=HELD_TYPES[width],
             pointer_params=indent(pointer_params, 4),
             stride_params=indent([p + ("," if k < len(stride_params) - 1 else "")
                                   for k, p in enumerate(stride_params)], 4),
             set_coordinates=indent(set_coordinates.splitlines(), 4),
-            coordinates=indent((_GROUP_ELEMENT if groups else _BATCH_ELEMENT).splitlines(), 8),
+            statistics_coordinates=indent(_coordinates_used(
+                coordinates, statistics.loads + statistics.lane), 8),
+            output_coordinates=indent(_coordinates_used(
+                coordinates, output.loads + output.lane + lanes + stores), 8),
             statistics_loads=indent(statistics.loads, 8),
             statistics_lane=indent(statistics.lane, 12),
             x=x,

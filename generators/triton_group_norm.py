@@ -147,8 +147,10 @@ def channel_norm(graph: SiteGraph, names: tuple[str, ...]) -> ChannelNorm:
 
 
 def tile_loads(site: ChannelSite, needed: set[int], batch: str, channels: str,
-               channel_mask: str) -> list[str]:
-    """Loads of a [BLOCK_C, BLOCK_S] tile at sample(s) `batch` and channel vector `channels`."""
+               channel_mask: str, eviction: str = "") -> list[str]:
+    """Loads of a [BLOCK_C, BLOCK_S] tile at sample(s) `batch` and channel vector `channels`;
+    the full inputs' with L2 eviction policy `eviction` where one is given."""
+    policy = f", eviction_policy='{eviction}'" if eviction else ""
     lines = []
     for index in sorted(needed):
         if index in site.channel:
@@ -157,7 +159,7 @@ def tile_loads(site: ChannelSite, needed: set[int], batch: str, channels: str,
         else:
             lines.append(f"x{index} = tl.load(in{index}_ptr + {batch} * in{index}_sn + "
                          f"{channels}[:, None] * in{index}_sc + positions[None, :] * "
-                         f"in{index}_ss, mask=mask, other=0.0).to(tl.float32)")
+                         f"in{index}_ss, mask=mask, other=0.0{policy}).to(tl.float32)")
     return lines
 
 
@@ -184,14 +186,16 @@ class NormalizedOutput:
 
 
 def normalized_output(graph: SiteGraph, value: dict[Ref, str], weight: object, bias: object,
-                      anchor: int) -> NormalizedOutput:
-    """`value` names the anchor's result `y` from here on."""
+                      anchor: int, eviction: str = "") -> NormalizedOutput:
+    """`value` names the anchor's result `y` from here on; stores take L2 eviction policy
+    `eviction` where one is given."""
+    policy = f", eviction_policy='{eviction}'" if eviction else ""
     affine = (f" * {value[weight]}" if isinstance(weight, Ref) else "") + (
         f" + {value[bias]}" if isinstance(bias, Ref) else "")
     value[Ref(anchor, False)] = "y"
     epilogue = elementwise_lines(list(enumerate(graph.ops[anchor + 1:], anchor + 1)), value)
     stores = [f"tl.store(out{k}_ptr + offsets, {value[ref]}.to({tl_dtype(graph.info(ref).dtype)}), "
-              "mask=mask)" for k, ref in enumerate(graph.outputs)]
+              f"mask=mask{policy})" for k, ref in enumerate(graph.outputs)]
     return NormalizedOutput(affine, epilogue, stores)
 
 
@@ -353,12 +357,15 @@ def write_group_norm(graph: SiteGraph, config: GroupNormConfig) -> str:
     source = anchor.args[0]
     before = list(enumerate(graph.ops[:r]))
     value = {Ref(i, True): f"x{i}" for i in site.used}
+    # The first walk's tiles are asked to stay in L2 for the second, whose reads and writes
+    # are asked to leave first: 4096-element tiles with 8 warps went from 0.1017 to 0.0972 ms
+    # at 16×512×64² fp32 on an H200 (batch norm's kernels gained nothing from the same hints).
     stat_loads = tile_loads(site, statistics_inputs(graph, r, source), "sample", "channels",
-                            "channel_mask")
+                            "channel_mask", "evict_last")
     stat_prologue = elementwise_lines(before, dict(value))
-    loads = tile_loads(site, set(site.used), "sample", "channels", "channel_mask")
+    loads = tile_loads(site, set(site.used), "sample", "channels", "channel_mask", "evict_first")
     prologue = elementwise_lines(before, value)
-    output = normalized_output(graph, value, *params, r)
+    output = normalized_output(graph, value, *params, r, "evict_first")
     row_source = f"in{site.full[0]}"
     return with_jit_helpers(_SOURCE.format(
         ops=" → ".join(op.name for op in graph.ops),

@@ -67,13 +67,15 @@ def test_every_generated_source_compiles_for_sm90(compiled, case_id, dtype):
 
 
 def test_the_rules_propose_cluster_drafts_for_norm_sites(tmp_path):
-    # 12 positions a channel: runs of 4 for the vector draft; 35 have none, and it is left out.
-    for module, name, vectors in ((batch_norm, "channel_scale_prologue", [1, 1, 4]),
-                                  (group_norm, "silu_epilogue", [1, 1])):
+    # 12 positions a channel: runs of 4 and of 2 for the vector drafts; 35 have neither, and
+    # only the scalar draft is left.
+    for module, name, drafts_made in (
+            (batch_norm, "channel_scale_prologue", [(2, 4), (4, 4), (8, 4), (8, 2), (8, 1)]),
+            (group_norm, "silu_epilogue", [(8, 1)])):
         path = module.problem(tmp_path, name, torch.float32)
         drafts = RulesGenerator().propose(path, None, n=8, tiers=("cuda",)).children
         mine = [d.settings for d in drafts if d.settings["writer"] == "write_cuda_channel_norm"]
-        assert [(s["cluster"], s["vector"]) for s in mine] == [(8, v) for v in vectors]
+        assert [(s["cluster"], s["vector"]) for s in mine] == drafts_made
         assert {d.tier for d in drafts} == {"cuda"}
 
 
