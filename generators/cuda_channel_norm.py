@@ -296,9 +296,9 @@ def write_cuda_channel_norm(graph: SiteGraph, config: ClusterNormConfig) -> str:
             arrays.append(f"{raw} packed{k};")
             arrays.append(f"{element}* o{k} = reinterpret_cast<{element}*>(&packed{k});")
             lanes.append(f"o{k}[j] = {store_from_float(dtype, value[ref])};")
-            # A plain store of the packed vector compiled to one 4-byte store a value (sm_90,
-            # nvcc 13.0); __stcs is one vector store, marked evict-first: nothing reads it again.
-            stores.append(f"__stcs(reinterpret_cast<{raw}*>(&out{k}[at]), packed{k});")
+            # One vector store (STG.E.128 for 4 fp32). Not evict-first: in a model the next op
+            # reads the output, and back to back __stcs timed 3-4 % slower (H200, NOTES.md).
+            stores.append(f"*reinterpret_cast<{raw}*>(&out{k}[at]) = packed{k};")
         return _KERNEL.format(
             name=name,
             vec=width,
