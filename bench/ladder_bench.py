@@ -4,7 +4,8 @@ setting judged by the evaluator and timed against eager, torch.compile and the f
     python bench/ladder_bench.py [--workers 2] [--only norms,matmul,pointwise]
 
 - norms: group norm + SiLU and batch norm (batch statistics), the cluster CUDA kernel at each
-  cluster size × threads (vector 4) against the Triton writers' drafts;
+  cluster size × threads (vector 4), its share held in shared memory or in registers, against
+  the Triton writers' drafts;
 - matmul: linear + GELU 4096³ bf16 over tile shapes, warps, stages and GROUP_M;
 - pointwise: bias + GELU 8192² bf16 over block sizes and warps;
 - dims: sum over dim 1 of 64×2048×512 fp32 over tile shapes, warps and split reductions.
@@ -44,9 +45,19 @@ class Ladder:
 
 
 def norm_settings(graph: SiteGraph) -> list[tuple[str, str]]:
-    plans = [(f"cluster {k} × {t}, vector 4",
-              write_cuda_channel_norm(graph, ClusterNormConfig(cluster=k, threads=t, vector=4)))
-             for k in (2, 4, 8) for t in (256, 512, 1024)]
+    plans = []
+    # Registers also at thread counts whose steps fill a batch-norm set of 32 × 56² exactly
+    # (224, 448, 896 = 7 × 32, 14 × 32, 28 × 32).
+    for held, threads in (("shared", (256, 512, 1024)),
+                          ("registers", (128, 224, 256, 448, 512, 896, 1024))):
+        for k in (2, 4, 8):
+            for t in threads:
+                config = ClusterNormConfig(cluster=k, threads=t, vector=4, held=held)
+                try:
+                    plans.append((f"cluster {k} × {t}, vector 4, {held}",
+                                  write_cuda_channel_norm(graph, config)))
+                except Unsupported:
+                    continue  # a share too large for registers
     plans += [(f"cluster 8 × {t}, scalar",
                write_cuda_channel_norm(graph, ClusterNormConfig(threads=t))) for t in (256, 512)]
     for writer in WRITERS:

@@ -31,13 +31,24 @@ from generators.cuda_expressions import (
 )
 from generators.cuda_pointwise import RAW_VECTOR_TYPES
 from generators.site_graph import Ref, SiteGraph, Unsupported
-from generators.triton_group_norm import ChannelSite, channel_norm, stride_args, views
+from generators.triton_group_norm import (
+    ChannelNorm,
+    ChannelSite,
+    channel_norm,
+    stride_args,
+    views,
+)
 
 # The most dynamic shared memory a block may opt into on sm_90 (227 KB), less the static part.
 SHARED_LIMIT = 227 * 1024 - 1024
 
 # A thread step's values go to and from shared memory as one vector of this type.
 HELD_TYPES = {1: "float", 2: "float2", 4: "float4"}
+
+# Values a thread may hold in registers: at most 64, and 32 at 1024 threads, so that with the
+# kernel's own registers a block stays within an SM's 64 K without spilling.
+def _held_limit(threads: int) -> int:
+    return min(64, 32 * 1024 // threads)
 
 
 @dataclass(frozen=True)
@@ -48,17 +59,22 @@ class ClusterNormConfig:
     cluster: int = 8  # blocks sharing one set of values
     threads: int = 256  # per block
     vector: int = 1  # values a thread moves per step: 4 = one 16-byte fp32 load a tensor
+    # Where the vector kernel keeps its share between the statistics and the output: "shared"
+    # memory, or "registers", every step's loads issued before the first is used.
+    held: str = "shared"
 
     def describe(self) -> str:
         moves = f", {self.vector}-value vectors" if self.vector > 1 else ""
-        return (f"each set of values held in the shared memory of a {self.cluster}-block "
+        where = "registers" if self.held == "registers" else "shared memory"
+        return (f"each set of values held in the {where} of a {self.cluster}-block "
                 f"cluster, {self.threads} threads a block{moves}")
 
 
 # With vectors the kernel is written twice: once moving VEC values a thread step (one vector
 # load or store a tensor, the coordinates found once a vector), used when every full input is
 # contiguous and aligned, so that an element's offset is its 32-bit index; once a value at a
-# time, for any strides.
+# time, for any strides. The vector kernel keeps its share in shared memory or in registers;
+# the any-strides one, holding VEC times as many values a thread, in shared memory.
 _KERNEL = """
 __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(THREADS)
 {name}(
@@ -73,31 +89,10 @@ __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(THREADS)
 {set_coordinates}
 
     // Each thread sums its values and their squares shifted by its first value, which keeps
-    // the variance free of cancellation without a second pass over shared memory.
+    // the variance free of cancellation without a second pass over the held values.
     float shift = 0.0f, shifted = 0.0f, squares = 0.0f;
     int steps = 0;
-#pragma unroll 4
-    for (int e = begin + threadIdx.x * {vec}; e < end; e += THREADS * {vec}) {{
-{statistics_coordinates}
-{statistics_loads}
-        {held_type} kept;
-        float* kept_lanes = reinterpret_cast<float*>(&kept);
-#pragma unroll
-        for (int j = 0; j < {vec}; ++j) {{
-{statistics_lane}
-            kept_lanes[j] = {x};
-        }}
-        *reinterpret_cast<{held_type}*>(&held[e - begin]) = kept;
-        if (steps++ == 0) {{
-            shift = kept_lanes[0];
-        }}
-#pragma unroll
-        for (int j = 0; j < {vec}; ++j) {{
-            const float deviation = kept_lanes[j] - shift;
-            shifted += deviation;
-            squares += deviation * deviation;
-        }}
-    }}
+{statistics}
     // The threads' moments merged over the block, then once over the cluster: lane r takes
     // block r's.
     const float n = (float)(steps * {vec});
@@ -118,24 +113,74 @@ __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(THREADS)
     const float rstd = rsqrtf(whole.m2 / (float)SET_SIZE + EPS);
     // Done reading the other blocks' shared memory; none may exit before all are.
     cluster_arrive();
-
-#pragma unroll 2
-    for (int e = begin + threadIdx.x * {vec}; e < end; e += THREADS * {vec}) {{
-{output_coordinates}
-{output_loads}
-        const {held_type} kept = *reinterpret_cast<const {held_type}*>(&held[e - begin]);
-        const float* kept_lanes = reinterpret_cast<const float*>(&kept);
-{output_arrays}
-#pragma unroll
-        for (int j = 0; j < {vec}; ++j) {{
-            const float {x} = kept_lanes[j];
-{output_lane}
-        }}
-{stores}
-    }}
+{output}
     cluster_wait();
 }}
 """
+
+# The statistics step of one thread: the prologue's value of each lane kept, and summed.
+_STATISTICS_STEP = """{statistics_coordinates}
+{statistics_loads}
+float* kept_lanes = reinterpret_cast<float*>(&{kept});
+#pragma unroll
+for (int j = 0; j < {vec}; ++j) {{
+{statistics_lane}
+    kept_lanes[j] = {x};
+}}
+if ({first}) {{
+    shift = kept_lanes[0];
+}}
+#pragma unroll
+for (int j = 0; j < {vec}; ++j) {{
+    const float deviation = {deviation};
+    shifted += deviation;
+    squares += deviation * deviation;
+}}"""
+
+# The output step: the kept values normalized, the affine map and the epilogue, one store.
+_OUTPUT_STEP = """{output_coordinates}
+{output_loads}
+const float* kept_lanes = reinterpret_cast<const float*>(&{kept});
+{output_arrays}
+#pragma unroll
+for (int j = 0; j < {vec}; ++j) {{
+    const float {x} = kept_lanes[j];
+{output_lane}
+}}
+{stores}"""
+
+_SHARED_STATISTICS = """#pragma unroll 4
+for (int e = begin + threadIdx.x * {vec}; e < end; e += THREADS * {vec}) {{
+    {held_type} kept;
+{step}
+    *reinterpret_cast<{held_type}*>(&held[e - begin]) = kept;
+}}"""
+
+_SHARED_OUTPUT = """#pragma unroll 2
+for (int e = begin + threadIdx.x * {vec}; e < end; e += THREADS * {vec}) {{
+    const {held_type} kept = *reinterpret_cast<const {held_type}*>(&held[e - begin]);
+{step}
+}}"""
+
+# STEPS steps a thread, unrolled, so that every load of the share is in flight at once and the
+# kept values are registers. Where the blocks' shares do not fill the set, a step past the end
+# loads the share's last vector and counts nothing: a guard around the loads made each step
+# wait for its own load before the next was issued (SASS, sm_90).
+_REGISTER_STATISTICS = """{held_type} kept[STEPS];
+#pragma unroll
+for (int step = 0; step < STEPS; ++step) {{
+{position}
+    steps += inside;
+{step}
+}}"""
+
+# The same steps out; only the stores are guarded, so the loads beside the kept values (the
+# affine map's, the epilogue's) are not held back behind a branch each step.
+_REGISTER_OUTPUT = """#pragma unroll
+for (int step = 0; step < STEPS; ++step) {{
+{position}
+{step}
+}}"""
 
 _SOURCE = '''"""Kiln rules kernel (cuda, {kind} on a thread-block cluster): {ops}. {config}."""
 
@@ -151,6 +196,7 @@ SOURCE = r"""{helpers}
 #define SPATIAL {spatial}
 #define SET_SIZE {set_size}
 #define SHARE {share}
+#define STEPS {steps}
 #define EPS {eps}f
 {cluster_helpers}
 extern __shared__ __align__(16) float held[];
@@ -159,6 +205,7 @@ extern __shared__ __align__(16) float held[];
 SETS = {sets}
 VEC = {vec}
 SHARED_BYTES = {share} * 4
+VECTOR_SHARED_BYTES = {vector_shared_bytes}
 
 
 class ModelNew(nn.Module):
@@ -180,7 +227,8 @@ class ModelNew(nn.Module):
             for x in ({full_views},))
         kernel = self.vector if vector else self.scalar
         kernel(grid=(SETS * {cluster}, 1, 1), block=({threads}, 1, 1),
-               args=({pointer_args}, {stride_args}), shared_mem=SHARED_BYTES)
+               args=({pointer_args}, {stride_args}),
+               shared_mem=VECTOR_SHARED_BYTES if vector else SHARED_BYTES)
         return {returns}
 '''
 
@@ -241,19 +289,43 @@ def _walk(graph: SiteGraph, site: ChannelSite, ops: set[int], inputs: set[int],
     return _Pass(loads, lane)
 
 
+def set_sizes(norm: ChannelNorm) -> tuple[int, int]:
+    """(sets, values a set): a sample's group for group norm, a channel for batch norm."""
+    n, c, spatial = norm.site.shape[0], norm.site.shape[1], math.prod(norm.site.shape[2:])
+    return (n * norm.groups, c // norm.groups * spatial) if norm.groups else (c, n * spatial)
+
+
+def register_threads(graph: SiteGraph, cluster: int, most: int = 64,
+                     vector: int = 4) -> int | None:
+    """The fewest threads, in pairs of warps and at least 128, that hold a block's share in
+    registers at `most` values a thread or fewer; None where 1024 threads cannot. On an H200
+    (NOTES.md) group norm 16×512×64² took 0.0716 ms at 8 × 128 (64 a thread) and 0.0745 at
+    8 × 256 (32); batch norm 32×256×56² took 0.0600 at 8 × 320 (40 a thread) and 0.0630 at
+    8 × 256 (52), so the rules draft both 64 and 40."""
+    _, set_size = set_sizes(channel_norm(graph, ("group_norm", "batch_norm")))
+    share = -(-set_size // (cluster * vector)) * vector
+    threads = max(128, -(-share // (most * 64)) * 64)
+    steps = -(-share // (threads * vector))
+    return threads if threads <= 1024 and steps * vector <= _held_limit(threads) else None
+
+
 def write_cuda_channel_norm(graph: SiteGraph, config: ClusterNormConfig) -> str:
     """ModelNew for a site of one group_norm, or one training-mode batch_norm without running
     statistics, with elementwise ops on its input's shape."""
     if config.cluster not in (2, 4, 8) or config.threads % 32 or not 64 <= config.threads <= 1024 \
-            or config.vector not in (1, 2, 4):
+            or config.vector not in (1, 2, 4) or config.held not in ("shared", "registers"):
         raise Unsupported(f"{config.describe()}: clusters of 2, 4 or 8 blocks (portable on "
-                          "sm_90), a multiple of 32 threads up to 1024, vectors of 1, 2 or 4")
+                          "sm_90), a multiple of 32 threads up to 1024, vectors of 1, 2 or 4, "
+                          "values held in shared memory or registers")
+    if config.held == "registers" and config.vector == 1:
+        raise Unsupported("values held in registers need vectors: the kernel for any strides "
+                          "holds its share in shared memory")
     norm = channel_norm(graph, ("group_norm", "batch_norm"))
     site, anchor, weight, bias, groups = norm.site, norm.op, norm.weight, norm.bias, norm.groups
     kind = anchor.name
     n, c = site.shape[0], site.shape[1]
     spatial = math.prod(site.shape[2:])
-    sets, set_size = (n * groups, c // groups * spatial) if groups else (c, n * spatial)
+    sets, set_size = set_sizes(norm)
     vec = config.vector
     if spatial % vec:
         raise Unsupported(f"{spatial} positions do not come in runs of {vec} for vectors")
@@ -261,6 +333,13 @@ def write_cuda_channel_norm(graph: SiteGraph, config: ClusterNormConfig) -> str:
     if share * 4 > SHARED_LIMIT:
         raise Unsupported(f"a set of {set_size} values over {config.cluster} blocks is "
                           f"{share * 4 // 1024} KB a block, more shared memory than sm_90 has")
+    steps = -(-share // (config.threads * vec))  # vector steps a thread
+    in_registers = config.held == "registers"
+    if in_registers and steps * vec > _held_limit(config.threads):
+        raise Unsupported(f"a share of {share} values is {steps * vec} a thread at "
+                          f"{config.threads} threads, more than the "
+                          f"{_held_limit(config.threads)} registers can hold without "
+                          "spilling: use more blocks or threads, or shared memory")
     if n * c * spatial >= 1 << 31 or set_size == 0:
         raise Unsupported(f"{n * c * spatial} values: the cluster kernel indexes a set with "
                           "32-bit integers and needs at least one value per set")
@@ -280,7 +359,15 @@ def write_cuda_channel_norm(graph: SiteGraph, config: ClusterNormConfig) -> str:
                      f"long long in{i}_sn, long long in{i}_sc, long long in{i}_ss"
                      for i in site.used]
 
-    def kernel(name: str, width: int) -> str:
+    # Where the shares fill the set exactly, every step of every thread is in range.
+    filled = set_size % (config.cluster * config.threads * vec) == 0
+    position = ["const int e = begin + (step * THREADS + threadIdx.x) * {vec};",
+                "const bool inside = true;"] if filled else [
+        "const int index = begin + (step * THREADS + threadIdx.x) * {vec};",
+        "const bool inside = index < end;",
+        "const int e = min(index, end - {vec});"]
+
+    def kernel(name: str, width: int, registers: bool) -> str:
         # Pass 1 loads the normalized value (or what it is computed from); pass 2 takes it from
         # shared memory and loads only what the affine map and the epilogue read beside it.
         source_input = {source.index} if source.is_input else set()
@@ -299,29 +386,51 @@ def write_cuda_channel_norm(graph: SiteGraph, config: ClusterNormConfig) -> str:
             # One vector store (STG.E.128 for 4 fp32). Not evict-first: in a model the next op
             # reads the output, and back to back __stcs timed 3-4 % slower (H200, NOTES.md).
             stores.append(f"*reinterpret_cast<{raw}*>(&out{k}[at]) = packed{k};")
+        if registers and not filled:
+            stores = ["if (inside) {", *indent(stores, 4).splitlines(), "}"]
+        kept = "kept[step]" if registers else "kept"
+        statistics_step = _STATISTICS_STEP.format(
+            statistics_coordinates="\n".join(_coordinates_used(
+                coordinates, statistics.loads + statistics.lane)),
+            statistics_loads="\n".join(statistics.loads),
+            kept=kept, vec=width, statistics_lane=indent(statistics.lane, 4), x=x,
+            first="step == 0" if registers else "steps++ == 0",
+            deviation="kept_lanes[j] - shift" if filled or not registers else
+            "inside ? kept_lanes[j] - shift : 0.0f")
+        output_step = _OUTPUT_STEP.format(
+            output_coordinates="\n".join(_coordinates_used(
+                coordinates, output.loads + output.lane + lanes + stores)),
+            output_loads="\n".join(output.loads), kept=kept, output_arrays="\n".join(arrays),
+            vec=width, x=x, output_lane=indent(output.lane + lanes, 4),
+            stores="\n".join(stores))
+        def lines(step: str) -> list[str]:
+            return [line for line in step.splitlines() if line.strip()]
+
+        held_type = HELD_TYPES[width]
+        if registers:
+            steps_at = indent([line.format(vec=width) for line in position], 4)
+            statistics_walk = _REGISTER_STATISTICS.format(
+                held_type=held_type, position=steps_at, step=indent(lines(statistics_step), 4))
+            output_walk = _REGISTER_OUTPUT.format(position=steps_at,
+                                                  step=indent(lines(output_step), 4))
+        else:
+            statistics_walk = _SHARED_STATISTICS.format(
+                vec=width, held_type=held_type, step=indent(lines(statistics_step), 4))
+            output_walk = _SHARED_OUTPUT.format(
+                vec=width, held_type=held_type, step=indent(lines(output_step), 4))
         return _KERNEL.format(
             name=name,
             vec=width,
-            held_type=HELD_TYPES[width],
             pointer_params=indent(pointer_params, 4),
             stride_params=indent([p + ("," if k < len(stride_params) - 1 else "")
                                   for k, p in enumerate(stride_params)], 4),
             set_coordinates=indent(set_coordinates.splitlines(), 4),
-            statistics_coordinates=indent(_coordinates_used(
-                coordinates, statistics.loads + statistics.lane), 8),
-            output_coordinates=indent(_coordinates_used(
-                coordinates, output.loads + output.lane + lanes + stores), 8),
-            statistics_loads=indent(statistics.loads, 8),
-            statistics_lane=indent(statistics.lane, 12),
-            x=x,
-            output_loads=indent(output.loads, 8),
-            output_arrays=indent(arrays, 8),
-            output_lane=indent(output.lane + lanes, 12),
-            stores=indent(stores, 8),
+            statistics=indent(statistics_walk.splitlines(), 4),
+            output=indent(output_walk.splitlines(), 4),
         )
 
-    kernels = kernel(f"cluster_{kind}", 1) + (kernel(f"cluster_{kind}_vec", vec) if vec > 1
-                                               else "")
+    kernels = kernel(f"cluster_{kind}", 1, False) + (
+        kernel(f"cluster_{kind}_vec", vec, in_registers) if vec > 1 else "")
     row_source = f"in{site.full[0]}"
     defines = f"#define GROUPS {groups}\n" if groups else ""
     return _SOURCE.format(
@@ -335,11 +444,13 @@ def write_cuda_channel_norm(graph: SiteGraph, config: ClusterNormConfig) -> str:
         spatial=spatial,
         set_size=set_size,
         share=share,
+        steps=steps,
         eps=repr(norm.eps),
         cluster_helpers=CLUSTER_HELPERS,
         kernels=kernels,
         sets=sets,
         vec=vec,
+        vector_shared_bytes=0 if in_registers else share * 4,
         arg_types="P" * len(pointer_params) + "q" * sum(
             1 if i in site.channel else 3 for i in site.used),
         params=", ".join(f"in{i}" for i in range(len(graph.inputs))),

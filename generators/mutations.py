@@ -23,7 +23,7 @@ from core.diagnosis import (
 
 # Ladders are powers of two because Triton block sizes must be; warps beyond 16 are not
 # allowed and stages beyond 5 only add shared memory on Hopper.
-LADDERS: dict[str, tuple[int, ...]] = {
+LADDERS: dict[str, tuple[int | bool | str, ...]] = {
     "block": (128, 256, 512, 1024, 2048, 4096, 8192),
     "num_warps": (1, 2, 4, 8, 16),
     "num_stages": (1, 2, 3, 4, 5),
@@ -44,6 +44,7 @@ LADDERS: dict[str, tuple[int, ...]] = {
     "tile": (1024, 2048, 4096, 8192, 16384),
     "cluster": (2, 4, 8),
     "vector": (1, 2, 4),
+    "held": ("shared", "registers"),
 }
 WHY_UP: dict[str, str] = {
     "block": "more elements per program, fewer programs to schedule",
@@ -67,6 +68,8 @@ WHY_UP: dict[str, str] = {
     "tile": "larger register tiles: more of the reduced dimension read in one step",
     "cluster": "more blocks share a set: smaller shares of shared memory, more blocks per SM",
     "vector": "more values a thread step: wider loads, coordinates found once a vector",
+    "held": "the share kept in registers: every load of it in flight at once, no trip "
+            "through shared memory",
 }
 WHY_DOWN: dict[str, str] = {
     "block": "smaller blocks, more programs to fill every SM",
@@ -89,13 +92,16 @@ WHY_DOWN: dict[str, str] = {
     "tile": "smaller register tiles, fewer registers per program and more programs per SM",
     "cluster": "fewer blocks share a set: fewer cluster barriers and partial sums to merge",
     "vector": "fewer values a thread step: more threads in flight on each share",
+    "held": "the share kept in shared memory: fewer registers a thread",
 }
 
 
 # The steps each diagnosis (`core.diagnosis`) asks for first, as (knob, +1 up / -1 down), most
 # direct first. Spills and register-bound occupancy: fewer values live per thread (smaller tiles,
-# fewer rows, narrower vectors, or more warps sharing one Triton block). Shared memory: fewer
-# stages and smaller tiles. Too little in flight: more work per program and more programs.
+# fewer rows, narrower vectors, more warps sharing one Triton block, or a share in shared memory
+# instead of registers). Shared memory: fewer stages and smaller tiles, or the share in
+# registers. Too little in flight: more work per program and more programs, or every load of
+# a share issued at once from registers.
 # Narrow loads and uncoalesced access: wider vectors, wider tiles along the contiguous
 # dimension. Compute-bound: larger matrix tiles that reuse each load more, more warps to issue
 # the math. Excess traffic: larger matrix tiles (each operand is read fewer times), fewer
@@ -103,16 +109,16 @@ WHY_DOWN: dict[str, str] = {
 _FEWER_REGISTERS = (("block", -1), ("tile", -1), ("rows", -1), ("rows_per_block", -1),
                     ("block_m", -1), ("block_n", -1), ("block_k", -1), ("block_r", -1),
                     ("block_i", -1), ("num_warps", 1), ("vector_bytes", -1),
-                    ("num_stages", -1))
+                    ("num_stages", -1), ("held", -1))
 PREFERRED: dict[str, tuple[tuple[str, int], ...]] = {
     SPILLING: _FEWER_REGISTERS,
     REGISTER_LIMITED: _FEWER_REGISTERS,
     SHARED_LIMITED: (("num_stages", -1), ("block_k", -1), ("block_m", -1), ("block_n", -1),
-                     ("rows_per_block", -1), ("block_r", -1)),
+                     ("rows_per_block", -1), ("block_r", -1), ("held", 1)),
     LATENCY_BOUND: (("block", 1), ("rows", 1), ("rows_per_block", 1), ("num_stages", 1),
                     ("persistent", 1), ("blocks_per_sm", 1), ("programs_per_sm", 1),
                     ("split", 1), ("num_warps", 1), ("threads", 1), ("block_i", 1),
-                    ("block_r", 1), ("tile", 1)),
+                    ("block_r", 1), ("tile", 1), ("held", 1)),
     NARROW_LOADS: (("vector_bytes", 1), ("block_i", 1), ("block", 1)),
     UNCOALESCED: (("vector_bytes", 1), ("block_i", 1), ("block", 1)),
     COMPUTE_BOUND: (("block_m", 1), ("block_n", 1), ("num_warps", 1), ("threads", 1)),

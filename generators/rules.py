@@ -16,7 +16,11 @@ import torch
 
 from core.roofline import GpuPeaks
 from generators.base import Parent, Proposal, Proposals, source_digest
-from generators.cuda_channel_norm import ClusterNormConfig, write_cuda_channel_norm
+from generators.cuda_channel_norm import (
+    ClusterNormConfig,
+    register_threads,
+    write_cuda_channel_norm,
+)
 from generators.cuda_pointwise import CudaPointwiseConfig, write_cuda_pointwise
 from generators.cuda_reduction import CudaReductionConfig, write_cuda_reduction
 from generators.mutations import diagnosed_neighbours
@@ -210,10 +214,30 @@ def _cuda_row_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
 
 
 def _cluster_norm_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
-    # On an H200 (bench/NOTES.md): group norm + silu 16×512×64² fp32 ran 0.0824 ms at
-    # 4 × 512 × 4, 0.0852 at 8 × 256 × 4 and 0.1008 at 2 × 1024 × 4; batch norm 32×256×56² ran
-    # 0.0671 at 2 × 1024 × 4 and 0.0693 at 4 × 512 × 4.
-    drafts: list[tuple[object, str]] = [
+    # On an H200 (bench/NOTES.md), with the share in registers: group norm + silu 16×512×64²
+    # fp32 ran 0.0716 ms at 8 × 128 × 4 (64 values a thread) and 0.0744 at 4 × 256 × 4, against
+    # 0.0827 in shared memory at 4 × 512 × 4; batch norm 32×256×56² ran 0.0600 at 8 × 320 × 4
+    # (40 a thread) and 0.0630 at 8 × 256 × 4 (52), against 0.0674 in shared memory at
+    # 2 × 1024 × 4.
+    drafts: list[tuple[object, str]] = []
+    for cluster, most in ((8, 64), (8, 40), (4, 64)):
+        try:
+            threads = register_threads(graph, cluster, most)
+        except Unsupported:
+            break  # not a norm site: the writer says why
+        if threads is None:
+            continue
+        config = ClusterNormConfig(cluster=cluster, threads=threads, vector=4, held="registers")
+        if all(config != known for known, _ in drafts):
+            drafts.append((config, f"each set of values read once into the registers of a "
+                                   f"{cluster}-block cluster of {threads} threads, at most "
+                                   f"{most} values a thread, every load of a share issued at "
+                                   "once, merged through distributed shared memory"))
+    if any(op.name == "batch_norm" for op in graph.ops):
+        drafts.append((ClusterNormConfig(cluster=2, threads=1024, vector=4),
+                       "each channel read once into the shared memory of a 2-block cluster "
+                       "of 1024 threads moving 4 values a step: one block an SM"))
+    return drafts + [
         (ClusterNormConfig(cluster=4, threads=512, vector=4),
          "each set of values read once into the shared memory of a 4-block cluster of 512 "
          "threads moving 4 values a step, merged through distributed shared memory"),
@@ -225,11 +249,6 @@ def _cluster_norm_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
          "at once"),
         (ClusterNormConfig(threads=512), "8-block clusters of 512 threads, a value a step: any "
                                          "strides")]
-    if any(op.name == "batch_norm" for op in graph.ops):
-        drafts.insert(0, (ClusterNormConfig(cluster=2, threads=1024, vector=4),
-                          "each channel read once into the shared memory of a 2-block cluster "
-                          "of 1024 threads moving 4 values a step: one block an SM"))
-    return drafts
 
 
 WRITERS = (

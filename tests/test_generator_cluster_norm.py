@@ -14,7 +14,11 @@ import torch
 from core.cuda_runtime import nvcc_check
 from core.evaluate import EvalConfig, evaluate
 from core.static_check import check_candidate
-from generators.cuda_channel_norm import ClusterNormConfig, write_cuda_channel_norm
+from generators.cuda_channel_norm import (
+    ClusterNormConfig,
+    register_threads,
+    write_cuda_channel_norm,
+)
 from generators.rules import RulesGenerator
 from generators.site_graph import Unsupported, load_site_graph
 from tests import test_generator_batch_norm as batch_norm
@@ -67,15 +71,17 @@ def test_every_generated_source_compiles_for_sm90(compiled, case_id, dtype):
 
 
 def test_the_rules_propose_cluster_drafts_for_norm_sites(tmp_path):
-    # 12 positions a channel: runs of 4 and of 2 for the vector drafts; 35 have neither, and
-    # only the scalar draft is left.
+    # 12 positions a channel: runs of 4 and of 2 for the vector drafts, the first two with the
+    # share in registers; 35 have neither, and only the scalar draft is left.
     for module, name, drafts_made in (
-            (batch_norm, "channel_scale_prologue", [(2, 4), (4, 4), (8, 4), (8, 2), (8, 1)]),
-            (group_norm, "silu_epilogue", [(8, 1)])):
+            (batch_norm, "channel_scale_prologue",
+             [(8, 4, "registers"), (4, 4, "registers"), (2, 4, "shared"), (4, 4, "shared"),
+              (8, 4, "shared"), (8, 2, "shared"), (8, 1, "shared")]),
+            (group_norm, "silu_epilogue", [(8, 1, "shared")])):
         path = module.problem(tmp_path, name, torch.float32)
         drafts = RulesGenerator().propose(path, None, n=8, tiers=("cuda",)).children
         mine = [d.settings for d in drafts if d.settings["writer"] == "write_cuda_channel_norm"]
-        assert [(s["cluster"], s["vector"]) for s in mine] == drafts_made
+        assert [(s["cluster"], s["vector"], s["held"]) for s in mine] == drafts_made
         assert {d.tier for d in drafts} == {"cuda"}
 
 
@@ -106,6 +112,95 @@ def test_sites_it_cannot_handle_say_why(tmp_path, body, reason):
         "\n\n\ndef get_init_inputs():\n    return []\n")
     with pytest.raises(Unsupported, match=reason):
         write_cuda_channel_norm(load_site_graph(path), ClusterNormConfig())
+
+
+F = "torch.nn.functional"
+# (body, inputs, config): the vector kernel with its share in registers. The first fills its
+# sets exactly (2 × 256 × 4 = 2048 values a set), so its steps have no guard; the others end
+# in a partly filled step, in every dtype, with a prologue or an epilogue.
+HELD_IN_REGISTERS = [
+    (f"{F}.silu({F}.group_norm(x, 2, w, b))",
+     "torch.randn(2, 4, 32, 32), torch.randn(4), torch.randn(4)",
+     ClusterNormConfig(cluster=2, threads=256, vector=4, held="registers")),
+    (f"{F}.group_norm(x + b, 3, w, None) * 2.0",
+     "torch.randn(3, 6, 50).half(), torch.randn(6).half(), torch.randn(3, 6, 50).half()",
+     ClusterNormConfig(cluster=4, threads=64, vector=2, held="registers")),
+    (f"torch.relu({F}.batch_norm(x, None, None, w, b, True, 0.1, 1e-5))",
+     "torch.randn(5, 3, 6, 12).bfloat16(), torch.randn(3).bfloat16(), "
+     "torch.randn(3).bfloat16()",
+     ClusterNormConfig(cluster=8, threads=128, vector=4, held="registers")),
+]
+HELD_IDS = ["group-exact-fp32", "group-fp16", "batch-bf16"]
+
+
+def write_site(folder, body: str, inputs: str):
+    path = folder / "problem.py"
+    path.write_text(
+        "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
+        f"    def forward(self, x, w, b):\n        return {body}\n\n\n"
+        f"def get_inputs():\n    return [{inputs}]\n\n\ndef get_init_inputs():\n"
+        "    return []\n")
+    return path
+
+
+@pytest.mark.parametrize(("body", "inputs", "config"), HELD_IN_REGISTERS, ids=HELD_IDS)
+def test_shares_held_in_registers_compile_for_sm90(tmp_path, body, inputs, config):
+    path = write_site(tmp_path, body, inputs)
+    source = write_cuda_channel_norm(load_site_graph(path), config)
+    report = check_candidate(source, path.read_text())
+    assert report.ok, report.violations
+    (cuda,) = [text for _, text in report.cuda_sources]
+    ok, log = nvcc_check(cuda)
+    assert ok, f"nvcc rejected the register kernel for {body}:\n{log}\n\n{cuda}"
+    assert "kept[STEPS]" in cuda and "VECTOR_SHARED_BYTES = 0" in source
+    exact = config.cluster * config.threads * config.vector == 2048
+    assert ("if (inside)" in cuda.split("_vec(")[1]) is not exact
+
+
+@pytest.mark.parametrize(("body", "inputs", "threads"), [
+    # 65536 values a set: 8 blocks of 128 threads hold 64 each; 4 blocks need 256.
+    (f"{F}.silu({F}.group_norm(x, 32, w, b))",
+     "torch.randn(2, 512, 64, 64), torch.randn(512), torch.randn(512)", {8: 128, 4: 256}),
+    # 100352 values a channel: 12544 a block of 8 is 49 a thread at 256 (pairs of warps).
+    (f"{F}.batch_norm(x, None, None, w, b, True)",
+     "torch.randn(32, 4, 56, 56), torch.randn(4), torch.randn(4)", {8: 256, 4: 448}),
+    # 4 × 2²⁰ values a set: more than 1024 threads could hold in registers.
+    (f"{F}.group_norm(x, 1, w, b)",
+     "torch.randn(1, 4, 1024, 1024), torch.randn(4), torch.randn(4)", {8: None, 4: None}),
+], ids=["group-norm", "batch-norm", "too-large"])
+def test_register_drafts_take_the_fewest_threads_that_hold_a_share(tmp_path, body, inputs,
+                                                                    threads):
+    graph = load_site_graph(write_site(tmp_path, body, inputs))
+    assert {k: register_threads(graph, k) for k in threads} == threads
+    # At most 40 values a thread: 12544 a block of 8 at 320 threads (10 steps of 4).
+    assert register_threads(graph, 8, most=40) == {128: 256, 256: 320, None: None}[threads[8]]
+
+
+def test_shares_too_large_for_registers_are_refused(tmp_path):
+    path = write_site(tmp_path, f"{F}.group_norm(x, 1, w, b)",
+                      "torch.randn(2, 16, 64, 64), torch.randn(16), torch.randn(16)")
+    graph = load_site_graph(path)
+    # 65536 values a set over 2 blocks of 256 threads is 128 a thread; over 4 × 512, 32.
+    with pytest.raises(Unsupported, match="128 a thread at 256 threads, more than the 64"):
+        write_cuda_channel_norm(graph, ClusterNormConfig(cluster=2, threads=256, vector=4,
+                                                         held="registers"))
+    with pytest.raises(Unsupported, match="values held in registers need vectors"):
+        write_cuda_channel_norm(graph, ClusterNormConfig(cluster=8, held="registers"))
+    with pytest.raises(Unsupported, match="held in shared memory or registers"):
+        write_cuda_channel_norm(graph, ClusterNormConfig(vector=4, held="global"))
+    assert "kept[STEPS]" in write_cuda_channel_norm(
+        graph, ClusterNormConfig(cluster=4, threads=512, vector=4, held="registers"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("body", "inputs", "config"), HELD_IN_REGISTERS, ids=HELD_IDS)
+def test_shares_held_in_registers_are_accepted_on_a_gpu(tmp_path, body, inputs, config):
+    if not torch.cuda.is_available():
+        pytest.skip("needs an NVIDIA GPU")
+    path = write_site(tmp_path, body, inputs)
+    source = write_cuda_channel_norm(load_site_graph(path), config)
+    verdict = evaluate(path, source, EvalConfig(device="cuda", time=False))
+    assert verdict.accepted, f"{body} on {inputs}: {verdict.reason}\n{source}"
 
 
 def test_configs_outside_sm90_clusters_are_refused(tmp_path):
@@ -142,12 +237,13 @@ def test_statistics_stay_accurate_far_from_zero_on_a_gpu(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", [CONFIGS[0], ClusterNormConfig(vector=4)],
-                         ids=["cluster4-scalar", "cluster8-vector4"])
+@pytest.mark.parametrize("config", [
+    CONFIGS[0], ClusterNormConfig(vector=4),
+    ClusterNormConfig(cluster=4, threads=512, vector=4, held="registers")],
+    ids=["cluster4-scalar", "cluster8-vector4", "cluster4-vector4-registers"])
 def test_realistic_sizes_and_channels_last_inputs_on_a_gpu(tmp_path, config):
     if not torch.cuda.is_available():
         pytest.skip("needs an NVIDIA GPU")
-    F = "torch.nn.functional"
     for body, inputs in (
             (f"{F}.silu({F}.group_norm(x, 32, w, b))",
              "torch.randn(4, 512, 64, 64), torch.randn(512), torch.randn(512)"),
@@ -157,12 +253,7 @@ def test_realistic_sizes_and_channels_last_inputs_on_a_gpu(tmp_path, config):
             (f"torch.relu({F}.batch_norm(x, None, None, w, b, True))",
              "torch.randn(8, 14, 14, 64).permute(0, 3, 1, 2), torch.randn(64), "
              "torch.randn(64)")):
-        path = tmp_path / "problem.py"
-        path.write_text(
-            "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
-            f"    def forward(self, x, w, b):\n        return {body}\n\n\n"
-            f"def get_inputs():\n    return [{inputs}]\n\n\ndef get_init_inputs():\n"
-            "    return []\n")
+        path = write_site(tmp_path, body, inputs)
         source = write_cuda_channel_norm(load_site_graph(path), config)
         verdict = evaluate(path, source, EvalConfig(device="cuda", time=False))
         assert verdict.accepted, f"{body} on {inputs}: {verdict.reason}"

@@ -19,6 +19,7 @@ from core.diagnosis import (
     UNCOALESCED,
 )
 from generators.base import Feedback, Parent, Proposal
+from generators.cuda_channel_norm import ClusterNormConfig
 from generators.cuda_pointwise import CudaPointwiseConfig, write_cuda_pointwise
 from generators.llm_prompt import describe_feedback
 from generators.mutations import diagnosed_neighbours, neighbours
@@ -117,6 +118,9 @@ def test_shared_memory_limited_matmuls_drop_a_stage_first():
     (COMPUTE_BOUND, MatmulConfig(block_m=64, block_n=64), "block_m", 128),
     (COMPUTE_BOUND, PointwiseConfig(block=1024, num_warps=4), "num_warps", 8),
     (EXCESS_TRAFFIC, MatmulConfig(block_m=64, block_n=64), "block_m", 128),
+    (SHARED_LIMITED, ClusterNormConfig(vector=4), "held", "registers"),
+    (LATENCY_BOUND, ClusterNormConfig(vector=4), "threads", 512),
+    (SPILLING, ClusterNormConfig(vector=4, held="registers"), "held", "shared"),
 ])
 def test_counter_diagnoses_pick_their_first_step(code, settings, knob, value):
     (first, *_) = diagnosed_neighbours(settings, f"{code}: DRAM 85%, SM 20% of peak")
