@@ -3,13 +3,17 @@
 The values normalized together (a set: one sample's group of channels for group norm, one
 channel over the batch for batch norm) are shared out among the CLUSTER blocks of a sm_90
 thread-block cluster. Each block computes the prologue over its share and keeps the result in
-shared memory. Each thread sums its values and their squares shifted by its first value, the
-threads' (count, mean, M2) states merge over the block, and the blocks' states merge through
-distributed shared memory once (Chan et al.; one cluster barrier instead of one per sum took
-8 × 256 group norm from 0.1035 to 0.1014 ms on an H200). Each block then normalizes its share from
-shared memory, applies the affine map and the epilogue, and stores. Global traffic is one read
-and one write. The Triton kernels read twice: a 16 × 4096 fp32 group (256 KB) leaves L2 between
-its two walks (66 % of the byte floor measured at 16×512×64², where two reads cap it at 67 %).
+registers (every load of the share issued at once) or in shared memory. Each thread sums its
+values and their squares shifted by its first value, the threads' (count, mean, M2) states
+merge over the block, and each block sends its state to every block of the cluster, which
+merge them (Chan et al.). Each block then normalizes its share, applies the affine map and the
+epilogue, and stores. Global traffic is one read and one write. The Triton kernels read twice:
+a 16 × 4096 fp32 group (256 KB) leaves L2 between its two walks (66 % of the byte floor
+measured at 16×512×64², where two reads cap it at 67 %).
+
+On an H200 (bench/NOTES.md, eighth round), group norm + SiLU 16×512×64² fp32 went from
+0.0824 ms in shared memory to 0.0716 in registers, and to 0.0679 (92 % of the byte floor)
+with the moments sent by st.async in place of a release cluster barrier.
 
 Sizes are compile-time constants, so each shape compiles once; strides are arguments.
 """
@@ -82,7 +86,8 @@ __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(THREADS)
 {stride_params})
 {{
     __shared__ Moments scratch[32];
-    __shared__ Moments parts;
+    __shared__ Inbox inbox;
+    inbox_open(&inbox);
     const int set = blockIdx.x / CLUSTER;
     const int begin = (int)cluster_rank() * SHARE;
     const int end = min(begin + SHARE, SET_SIZE);
@@ -93,28 +98,24 @@ __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(THREADS)
     float shift = 0.0f, shifted = 0.0f, squares = 0.0f;
     int steps = 0;
 {statistics}
-    // The threads' moments merged over the block, then once over the cluster: lane r takes
-    // block r's.
+    // The threads' moments merged over the block, sent to every block of the cluster, and
+    // merged there: lane r takes block r's.
     const float n = (float)(steps * {vec});
     const float offset = n > 0.0f ? __fdividef(shifted, n) : 0.0f;
     const Moments own = block_moments({{n, shift + offset, squares - shifted * offset}}, scratch);
-    if (threadIdx.x == 0) {{
-        parts = own;
-    }}
-    cluster_sync();
+    inbox_ready();
+    inbox_send(&inbox, own.n, own.mean, own.m2);
+    inbox_wait(&inbox);
     const unsigned int lane = threadIdx.x % 32;
     Moments block = {{0.0f, 0.0f, 0.0f}};
     if (lane < CLUSTER) {{
-        block = {{cluster_load(&parts.n, lane), cluster_load(&parts.mean, lane),
-                 cluster_load(&parts.m2, lane)}};
+        const float4 sent = inbox.moments[lane];
+        block = {{sent.x, sent.y, sent.z}};
     }}
     const Moments whole = warp_moments(block);
     const float mean = whole.mean;
     const float rstd = rsqrtf(whole.m2 / (float)SET_SIZE + EPS);
-    // Done reading the other blocks' shared memory; none may exit before all are.
-    cluster_arrive();
 {output}
-    cluster_wait();
 }}
 """
 
@@ -301,7 +302,8 @@ def register_threads(graph: SiteGraph, cluster: int, most: int = 64,
     registers at `most` values a thread or fewer; None where 1024 threads cannot. On an H200
     (NOTES.md) group norm 16×512×64² took 0.0716 ms at 8 × 128 (64 a thread) and 0.0745 at
     8 × 256 (32); batch norm 32×256×56² took 0.0600 at 8 × 320 (40 a thread) and 0.0630 at
-    8 × 256 (52), so the rules draft both 64 and 40."""
+    8 × 256 (52), so the rules draft both 64 and 40. With the moments sent by st.async:
+    group norm 0.0679 at 8 × 128, 0.0688 at 8 × 256; batch norm 0.0547 at 8 × 320 searched."""
     _, set_size = set_sizes(channel_norm(graph, ("group_norm", "batch_norm")))
     share = -(-set_size // (cluster * vector)) * vector
     threads = max(128, -(-share // (most * 64)) * 64)

@@ -214,11 +214,11 @@ def _cuda_row_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
 
 
 def _cluster_norm_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
-    # On an H200 (bench/NOTES.md), with the share in registers: group norm + silu 16×512×64²
-    # fp32 ran 0.0716 ms at 8 × 128 × 4 (64 values a thread) and 0.0744 at 4 × 256 × 4, against
-    # 0.0827 in shared memory at 4 × 512 × 4; batch norm 32×256×56² ran 0.0600 at 8 × 320 × 4
-    # (40 a thread) and 0.0630 at 8 × 256 × 4 (52), against 0.0674 in shared memory at
-    # 2 × 1024 × 4.
+    # On an H200 (bench/NOTES.md, eighth round), with the share in registers: group norm +
+    # silu 16×512×64² fp32 ran 0.0679 ms at 8 × 128 × 4 (64 values a thread) and 0.0692 at
+    # 4 × 256 × 4, against 0.0745 in shared memory at 8 × 256 × 4; batch norm 32×256×56² ran
+    # 0.0547 at 8 × 320 × 4 (40 a thread, searched) and 0.0588 at 8 × 256 × 4 (52), against
+    # 0.0606 in shared memory at 8 × 512 × 4 and 0.0660 at 2 × 1024 × 4.
     drafts: list[tuple[object, str]] = []
     for cluster, most in ((8, 64), (8, 40), (4, 64)):
         try:
@@ -232,7 +232,7 @@ def _cluster_norm_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
             drafts.append((config, f"each set of values read once into the registers of a "
                                    f"{cluster}-block cluster of {threads} threads, at most "
                                    f"{most} values a thread, every load of a share issued at "
-                                   "once, merged through distributed shared memory"))
+                                   "once, the blocks' moments sent to each other"))
     if any(op.name == "batch_norm" for op in graph.ops):
         drafts.append((ClusterNormConfig(cluster=2, threads=1024, vector=4),
                        "each channel read once into the shared memory of a 2-block cluster "
@@ -240,7 +240,7 @@ def _cluster_norm_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
     return drafts + [
         (ClusterNormConfig(cluster=4, threads=512, vector=4),
          "each set of values read once into the shared memory of a 4-block cluster of 512 "
-         "threads moving 4 values a step, merged through distributed shared memory"),
+         "threads moving 4 values a step, the blocks' moments sent to each other"),
         (ClusterNormConfig(vector=4),
          "8-block clusters of 256 threads moving 4 values a step: half the shared memory a "
          "block"),
