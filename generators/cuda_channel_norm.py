@@ -55,6 +55,20 @@ def _held_limit(threads: int) -> int:
     return min(64, 32 * 1024 // threads)
 
 
+def _share(set_size: int, cluster: int, vec: int) -> int:
+    """A block's share of a set, in whole vectors."""
+    return -(-set_size // (cluster * vec)) * vec
+
+
+def _steps(share: int, threads: int, vec: int) -> int:
+    """The vector steps a thread takes over a block's share."""
+    return -(-share // (threads * vec))
+
+
+def _nonblank(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip()]
+
+
 @dataclass(frozen=True)
 class ClusterNormConfig:
     # Blocks an SM follow the share a block holds: 8 × 256 at 16×512×64² group norm holds
@@ -305,10 +319,10 @@ def register_threads(graph: SiteGraph, cluster: int, most: int = 64,
     8 × 256 (52), so the rules draft both 64 and 40. With the moments sent by st.async:
     group norm 0.0679 at 8 × 128, 0.0688 at 8 × 256; batch norm 0.0547 at 8 × 320 searched."""
     _, set_size = set_sizes(channel_norm(graph, ("group_norm", "batch_norm")))
-    share = -(-set_size // (cluster * vector)) * vector
+    share = _share(set_size, cluster, vector)
     threads = max(128, -(-share // (most * 64)) * 64)
-    steps = -(-share // (threads * vector))
-    return threads if threads <= 1024 and steps * vector <= _held_limit(threads) else None
+    held = _steps(share, threads, vector) * vector
+    return threads if threads <= 1024 and held <= _held_limit(threads) else None
 
 
 def write_cuda_channel_norm(graph: SiteGraph, config: ClusterNormConfig) -> str:
@@ -331,11 +345,11 @@ def write_cuda_channel_norm(graph: SiteGraph, config: ClusterNormConfig) -> str:
     vec = config.vector
     if spatial % vec:
         raise Unsupported(f"{spatial} positions do not come in runs of {vec} for vectors")
-    share = -(-set_size // (config.cluster * vec)) * vec  # whole vectors a block
+    share = _share(set_size, config.cluster, vec)
+    steps = _steps(share, config.threads, vec)
     if share * 4 > SHARED_LIMIT:
         raise Unsupported(f"a set of {set_size} values over {config.cluster} blocks is "
                           f"{share * 4 // 1024} KB a block, more shared memory than sm_90 has")
-    steps = -(-share // (config.threads * vec))  # vector steps a thread
     in_registers = config.held == "registers"
     if in_registers and steps * vec > _held_limit(config.threads):
         raise Unsupported(f"a share of {share} values is {steps * vec} a thread at "
@@ -363,15 +377,17 @@ def write_cuda_channel_norm(graph: SiteGraph, config: ClusterNormConfig) -> str:
 
     # Where the shares fill the set exactly, every step of every thread is in range.
     filled = set_size % (config.cluster * config.threads * vec) == 0
-    position = ["const int e = begin + (step * THREADS + threadIdx.x) * {vec};",
+    # Only the vector kernel holds its share in registers, so its steps are VEC values wide.
+    position = [f"const int e = begin + (step * THREADS + threadIdx.x) * {vec};",
                 "const bool inside = true;"] if filled else [
-        "const int index = begin + (step * THREADS + threadIdx.x) * {vec};",
+        f"const int index = begin + (step * THREADS + threadIdx.x) * {vec};",
         "const bool inside = index < end;",
-        "const int e = min(index, end - {vec});"]
+        f"const int e = min(index, end - {vec});"]
 
     def kernel(name: str, width: int, registers: bool) -> str:
         # Pass 1 loads the normalized value (or what it is computed from); pass 2 takes it from
-        # shared memory and loads only what the affine map and the epilogue read beside it.
+        # registers or shared memory and loads only what the affine map and the epilogue read
+        # beside it.
         source_input = {source.index} if source.is_input else set()
         statistics = _walk(graph, site, ops_needed(graph, [source], set()), source_input, set(),
                            width, value, "")
@@ -405,21 +421,19 @@ def write_cuda_channel_norm(graph: SiteGraph, config: ClusterNormConfig) -> str:
             output_loads="\n".join(output.loads), kept=kept, output_arrays="\n".join(arrays),
             vec=width, x=x, output_lane=indent(output.lane + lanes, 4),
             stores="\n".join(stores))
-        def lines(step: str) -> list[str]:
-            return [line for line in step.splitlines() if line.strip()]
-
         held_type = HELD_TYPES[width]
         if registers:
-            steps_at = indent([line.format(vec=width) for line in position], 4)
+            steps_at = indent(position, 4)
             statistics_walk = _REGISTER_STATISTICS.format(
-                held_type=held_type, position=steps_at, step=indent(lines(statistics_step), 4))
+                held_type=held_type, position=steps_at,
+                step=indent(_nonblank(statistics_step), 4))
             output_walk = _REGISTER_OUTPUT.format(position=steps_at,
-                                                  step=indent(lines(output_step), 4))
+                                                  step=indent(_nonblank(output_step), 4))
         else:
             statistics_walk = _SHARED_STATISTICS.format(
-                vec=width, held_type=held_type, step=indent(lines(statistics_step), 4))
+                vec=width, held_type=held_type, step=indent(_nonblank(statistics_step), 4))
             output_walk = _SHARED_OUTPUT.format(
-                vec=width, held_type=held_type, step=indent(lines(output_step), 4))
+                vec=width, held_type=held_type, step=indent(_nonblank(output_step), 4))
         return _KERNEL.format(
             name=name,
             vec=width,
