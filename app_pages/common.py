@@ -18,7 +18,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from core.errors import KilnInputError
+from core.runtime.errors import KilnInputError
 from store import StoreReader, open_reader
 from store.liveness import run_writer_alive
 

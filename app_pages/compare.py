@@ -4,7 +4,7 @@ import streamlit as st
 
 from app_pages import queries
 from app_pages.common import ms, open_store, percent, query_int, times, verdict_label
-from core.errors import KilnInputError
+from core.runtime.errors import KilnInputError
 from store import Candidate
 
 st.title("Compare two kernels")

@@ -4,7 +4,7 @@ import streamlit as st
 
 from app_pages import queries
 from app_pages.common import open_store
-from core.errors import KilnInputError
+from core.runtime.errors import KilnInputError
 from store import EXPORT_FORMATS
 
 DESCRIPTIONS = {

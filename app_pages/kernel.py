@@ -13,8 +13,8 @@ from app_pages.common import (
     times,
     verdict_label,
 )
-from core.counters import CounterReport
-from core.errors import KilnInputError
+from core.evaluate.counters import CounterReport
+from core.runtime.errors import KilnInputError
 
 # Links shown each way along the lineage; a long refinement chain is summarised past them.
 LINEAGE_SHOWN = 12

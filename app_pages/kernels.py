@@ -4,7 +4,7 @@ import streamlit as st
 
 from app_pages import queries
 from app_pages.common import VERDICTS, open_store
-from core.errors import KilnInputError
+from core.runtime.errors import KilnInputError
 
 st.title("Kernels")
 store = open_store()

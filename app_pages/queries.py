@@ -13,7 +13,7 @@ import pandas as pd
 import streamlit as st
 
 from app_pages.common import kernel_url, reader_for, verdict_label
-from core.errors import KilnInputError
+from core.runtime.errors import KilnInputError
 from store import (
     Candidate,
     Diff,

@@ -4,8 +4,8 @@ and how long Nsight Compute took to collect them. Prints one table.
     python bench/counters_bench.py [--workers 4] [--children 3] [--save-csv DIR]
 
 Each site gets the rules generator's drafts and one round of children, judged on the GPU; the
-fastest accepted kernel is profiled by `core.counters.collect` (ncu, --clock-control none) and
-diagnosed with and without its counters. `--save-csv` keeps ncu's raw output per site.
+fastest accepted kernel is profiled by `core.evaluate.counters.collect` (ncu, --clock-control none)
+and diagnosed with and without its counters. `--save-csv` keeps ncu's raw output per site.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from rules_generator_bench import CASES, drafts_and_children, problem_source  # noqa: E402
 
-from core.counters import collect  # noqa: E402
-from core.diagnosis import diagnose  # noqa: E402
-from core.eval_timing import device_lock_path  # noqa: E402
 from core.evaluate import EvalConfig, Evaluator  # noqa: E402
-from core.kernel_report import KernelReport  # noqa: E402
-from core.roofline import GpuPeaks  # noqa: E402
+from core.evaluate.counters import collect  # noqa: E402
+from core.evaluate.diagnosis import diagnose  # noqa: E402
+from core.evaluate.kernel_report import KernelReport  # noqa: E402
+from core.profile.roofline import GpuPeaks  # noqa: E402
+from core.timing.device_lock import device_lock_path  # noqa: E402
 from generators.rules import RulesGenerator  # noqa: E402
 
 SITES = {"pointwise": "bias + gelu", "reduction": "softmax 8192", "matmul": "linear + gelu"}

@@ -21,12 +21,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.ladder_bench import print_ranked  # noqa: E402
 from core.evaluate import EvalConfig, Evaluator  # noqa: E402
-from core.roofline import GpuPeaks  # noqa: E402
-from core.site_baseline import time_site  # noqa: E402
+from core.evaluate.site_baseline import time_site  # noqa: E402
+from core.profile.roofline import GpuPeaks  # noqa: E402
 from generators.rules import _dim_drafts, _dim_softmax_drafts  # noqa: E402
 from generators.site_graph import load_site_graph  # noqa: E402
-from generators.triton_dim_reduction import AUTO_SPLIT, DimConfig, write_dim_reduction  # noqa: E402
-from generators.triton_dim_softmax import DimSoftmaxConfig, write_dim_softmax  # noqa: E402
+from generators.triton.dim_reduction import AUTO_SPLIT, DimConfig, write_dim_reduction  # noqa: E402
+from generators.triton.dim_softmax import DimSoftmaxConfig, write_dim_softmax  # noqa: E402
 
 PEAKS = GpuPeaks()
 

@@ -17,9 +17,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from core import cuda_runtime  # noqa: E402
-from core.eval_timing import rotation_copies, time_model  # noqa: E402
 from core.evaluate import EvalConfig, Evaluator  # noqa: E402
+from core.runtime import cuda as cuda_runtime  # noqa: E402
+from core.timing.model_timing import rotation_copies, time_model  # noqa: E402
 
 POINTWISE_64MB = '''
 import torch

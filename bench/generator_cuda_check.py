@@ -19,8 +19,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core.evaluate import EvalConfig, Evaluator  # noqa: E402
-from generators.cuda_pointwise import CudaPointwiseConfig, write_cuda_pointwise  # noqa: E402
-from generators.cuda_reduction import CudaReductionConfig, write_cuda_reduction  # noqa: E402
+from generators.cuda.pointwise import CudaPointwiseConfig, write_cuda_pointwise  # noqa: E402
+from generators.cuda.row_reduction import CudaReductionConfig, write_cuda_reduction  # noqa: E402
 from generators.site_graph import load_site_graph  # noqa: E402
 
 PEAK_TB_S = 4.3

@@ -21,14 +21,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from core.errors import KilnInputError, exit_on_input_error  # noqa: E402
-from core.eval_timing import clone_inputs, rotation_copies, time_model  # noqa: E402
 from core.evaluate import EvalConfig, evaluate  # noqa: E402
-from core.load import import_file  # noqa: E402
+from core.profile.load import import_file  # noqa: E402
+from core.runtime.errors import KilnInputError, exit_on_input_error  # noqa: E402
+from core.timing.model_timing import clone_inputs, rotation_copies, time_model  # noqa: E402
 from generators.site_graph import load_site_graph  # noqa: E402
-from generators.triton_conv import write_conv_epilogue  # noqa: E402
-from generators.triton_matmul import MatmulConfig, write_triton_matmul  # noqa: E402
-from generators.triton_pointwise import PointwiseConfig  # noqa: E402
+from generators.triton.conv import write_conv_epilogue  # noqa: E402
+from generators.triton.matmul import MatmulConfig, write_triton_matmul  # noqa: E402
+from generators.triton.pointwise import PointwiseConfig  # noqa: E402
 
 MATMUL_CONFIGS = [
     MatmulConfig(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3),

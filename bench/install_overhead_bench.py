@@ -8,7 +8,7 @@ model nothing to gain, so whatever it loses against `torch.compile` is the price
 boundary: the custom op inductor cannot fuse across, the layout it must hand over, the Python
 call. Rows: torch.compile, then the largest `--family` sites (by floor) replaced by their own
 ops, one count per `--sites` entry; `--rules` adds the same sites with the rules generator's
-first draft, called through the custom op and traced into inductor's graph (`core.inline`).
+first draft, called through the custom op and traced into inductor's graph (`core.runtime.inline`).
 Each row gives the median time (the evaluator's timing), the CPU time to enqueue one forward,
 the kernels the GPU ran per forward and their summed time (torch.profiler), and the kernel
 calls against fallbacks.
@@ -28,13 +28,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from core.capture import capture  # noqa: E402
-from core.e2e import fresh_like  # noqa: E402
-from core.eval_timing import device_lock_path, exclusive_device, time_model  # noqa: E402
-from core.install import SiteKernel, install  # noqa: E402
-from core.load import BuiltinShape, load_model  # noqa: E402
-from core.roofline import GpuPeaks  # noqa: E402
-from core.sites import Site, find_sites  # noqa: E402
+from core.optimize.e2e import fresh_like  # noqa: E402
+from core.profile.load import BuiltinShape, load_model  # noqa: E402
+from core.profile.roofline import GpuPeaks  # noqa: E402
+from core.profile.sites import Site, find_sites  # noqa: E402
+from core.runtime.capture import capture  # noqa: E402
+from core.runtime.guarded import SiteKernel
+from core.runtime.install import install  # noqa: E402
+from core.timing.device_lock import device_lock_path, exclusive_device
+from core.timing.model_timing import time_model  # noqa: E402
 from generators.rules import RulesGenerator  # noqa: E402
 
 PASSTHROUGH = "\n\nclass ModelNew(Model):\n    \"\"\"The site's own ops.\"\"\"\n"

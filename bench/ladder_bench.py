@@ -27,14 +27,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.rules_generator_bench import CASES, floor_ms, problem_source  # noqa: E402
 from core.evaluate import EvalConfig, Evaluator  # noqa: E402
-from core.site_baseline import time_site  # noqa: E402
-from core.verdict import Verdict  # noqa: E402
-from generators.cuda_channel_norm import ClusterNormConfig, write_cuda_channel_norm  # noqa: E402
+from core.evaluate.site_baseline import time_site  # noqa: E402
+from core.evaluate.verdict import Verdict  # noqa: E402
+from generators.cuda.channel_norm import write_cuda_channel_norm  # noqa: E402
+from generators.cuda.cluster_shares import ClusterNormConfig
 from generators.rules import WRITERS  # noqa: E402
 from generators.site_graph import SiteGraph, Unsupported, load_site_graph  # noqa: E402
-from generators.triton_dim_reduction import AUTO_SPLIT, DimConfig, write_dim_reduction  # noqa: E402
-from generators.triton_matmul import MatmulConfig, write_triton_matmul  # noqa: E402
-from generators.triton_pointwise import PointwiseConfig, write_pointwise  # noqa: E402
+from generators.triton.dim_reduction import AUTO_SPLIT, DimConfig, write_dim_reduction  # noqa: E402
+from generators.triton.matmul import MatmulConfig, write_triton_matmul  # noqa: E402
+from generators.triton.pointwise import PointwiseConfig, write_pointwise  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import torch
 
-from core.load import BuiltinShape
-from core.pipeline import ListSitesConfig, list_sites
-from core.profile import ProfileConfig
-from core.report import print_site_table
+from core.profile.in_situ import ProfileConfig
+from core.profile.load import BuiltinShape
+from core.profile.pipeline import ListSitesConfig, list_sites
+from core.profile.site_table import print_site_table
 
 CASES = [
     ("torchvision:resnet50", "fp32", BuiltinShape(batch=32)),

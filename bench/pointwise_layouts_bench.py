@@ -23,14 +23,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from core.errors import KilnInputError, exit_on_input_error  # noqa: E402
 from core.evaluate import EvalConfig, evaluate  # noqa: E402
-from core.roofline import GpuPeaks  # noqa: E402
-from core.site_baseline import time_site  # noqa: E402
-from generators.cuda_pointwise import CudaPointwiseConfig, write_cuda_pointwise  # noqa: E402
+from core.evaluate.site_baseline import time_site  # noqa: E402
+from core.profile.roofline import GpuPeaks  # noqa: E402
+from core.runtime.errors import KilnInputError, exit_on_input_error  # noqa: E402
+from generators.cuda.pointwise import CudaPointwiseConfig, write_cuda_pointwise  # noqa: E402
 from generators.site_graph import SiteGraph, load_site_graph  # noqa: E402
-from generators.triton_conv import write_conv_epilogue  # noqa: E402
-from generators.triton_pointwise import PointwiseConfig, write_pointwise  # noqa: E402
+from generators.triton.conv import write_conv_epilogue  # noqa: E402
+from generators.triton.pointwise import PointwiseConfig, write_pointwise  # noqa: E402
 
 TRITON_CONFIGS = [PointwiseConfig(1024, 4), PointwiseConfig(2048, 8), PointwiseConfig(4096, 8)]
 CUDA_CONFIGS = [CudaPointwiseConfig(), CudaPointwiseConfig(threads=512, blocks_per_sm=8)]

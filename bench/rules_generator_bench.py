@@ -23,11 +23,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core.evaluate import EvalConfig, Evaluator  # noqa: E402
-from core.roofline import GpuPeaks  # noqa: E402
-from core.run import feedback_of  # noqa: E402
-from core.search import Node, SearchConfig, SiteSearch  # noqa: E402
-from core.site_baseline import time_site  # noqa: E402
-from core.verdict import Verdict  # noqa: E402
+from core.evaluate.site_baseline import time_site  # noqa: E402
+from core.evaluate.verdict import Verdict  # noqa: E402
+from core.optimize.run import feedback_of  # noqa: E402
+from core.profile.roofline import GpuPeaks  # noqa: E402
+from core.search.tree import Node, SearchConfig, SiteSearch  # noqa: E402
 from generators.base import Feedback, Parent, Proposal, Proposals  # noqa: E402
 from generators.rules import RulesGenerator  # noqa: E402
 

@@ -1,10 +1,10 @@
 """Kiln's benchmark suite: the models a benchmark run optimizes, each with its dtype and the
 site families its site table must contain.
 
-Problem files live in `bench/problems/` (KernelBench format, sizes for an H200); whole models
-are built from their configs with random weights (nothing is downloaded). Each entry's
-`model` is a spec `core.load.load_model` accepts, `dtype` is passed as `--dtype`, and `shape`
-(built-in models only) sets `--batch`, `--seq-len` and `--image-size`:
+Problem files live in `bench/problems/` (KernelBench format, sizes for an H200); whole models are
+built from their configs with random weights (nothing is downloaded). Each entry's `model` is a spec
+`core.profile.load.load_model` accepts, `dtype` is passed as `--dtype`, and `shape` (built-in models
+only) sets `--batch`, `--seq-len` and `--image-size`:
 
     from bench.suite import SUITE, entry
     for item in SUITE:
@@ -17,9 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.errors import KilnInputError
-from core.load import DTYPES, BuiltinShape
-from core.partition import FAMILY_OF_KIND
+from core.profile.load import DTYPES, BuiltinShape
+from core.runtime.errors import KilnInputError
+from core.runtime.partition import FAMILY_OF_KIND
 
 PROBLEMS = Path(__file__).resolve().parent / "problems"
 FAMILIES = frozenset(FAMILY_OF_KIND.values())
@@ -30,7 +30,7 @@ _BUILTIN_PREFIXES = ("torchvision:", "hf:")
 class SuiteEntry:
     name: str
     model: str  # a problem file's absolute path, or a built-in spec (torchvision:..., hf:...)
-    dtype: str  # a key of core.load.DTYPES
+    dtype: str  # a key of core.profile.load.DTYPES
     expects: tuple[str, ...]  # site families the model's site table must contain
     shape: BuiltinShape | None = None  # built-in models only: files bring their own sizes
 

@@ -33,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.suite import SUITE, SuiteEntry, entry  # noqa: E402
-from core.errors import exit_on_input_error  # noqa: E402
+from core.runtime.errors import exit_on_input_error  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ class Feedback:
     baseline_ms: float | None = None
     floor_ms: float | None = None
     compile_log: str = ""
-    diagnosis: str = ""  # why it is slow, a `core.diagnosis` line: "spilling: ..."
+    diagnosis: str = ""  # why it is slow, a `core.evaluate.diagnosis` line: "spilling: ..."
 
     @property
     def speedup(self) -> float | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-from core.diagnosis import (
+from core.evaluate.diagnosis import (
     COMPUTE_BOUND,
     EXCESS_TRAFFIC,
     LATENCY_BOUND,
@@ -96,16 +96,15 @@ WHY_DOWN: dict[str, str] = {
 }
 
 
-# The steps each diagnosis (`core.diagnosis`) asks for first, as (knob, +1 up / -1 down), most
-# direct first. Spills and register-bound occupancy: fewer values live per thread (smaller tiles,
-# fewer rows, narrower vectors, more warps sharing one Triton block, or a share in shared memory
-# instead of registers). Shared memory: fewer stages and smaller tiles, or the share in
-# registers. Too little in flight: more work per program and more programs, or every load of
-# a share issued at once from registers.
-# Narrow loads and uncoalesced access: wider vectors, wider tiles along the contiguous
-# dimension. Compute-bound: larger matrix tiles that reuse each load more, more warps to issue
-# the math. Excess traffic: larger matrix tiles (each operand is read fewer times), fewer
-# partial results.
+# The steps each diagnosis (`core.evaluate.diagnosis`) asks for first, as (knob, +1 up / -1 down),
+# most direct first. Spills and register-bound occupancy: fewer values live per thread (smaller
+# tiles, fewer rows, narrower vectors, more warps sharing one Triton block, or a share in shared
+# memory instead of registers). Shared memory: fewer stages and smaller tiles, or the share in
+# registers. Too little in flight: more work per program and more programs, or every load of a share
+# issued at once from registers. Narrow loads and uncoalesced access: wider vectors, wider tiles
+# along the contiguous dimension. Compute-bound: larger matrix tiles that reuse each load more, more
+# warps to issue the math. Excess traffic: larger matrix tiles (each operand is read fewer times),
+# fewer partial results.
 _FEWER_REGISTERS = (("block", -1), ("tile", -1), ("rows", -1), ("rows_per_block", -1),
                     ("block_m", -1), ("block_n", -1), ("block_k", -1), ("block_r", -1),
                     ("block_i", -1), ("num_warps", 1), ("vector_bytes", -1),

@@ -14,20 +14,17 @@ from pathlib import Path
 
 import torch
 
-from core.roofline import GpuPeaks
+from core.profile.roofline import GpuPeaks
 from generators.base import Parent, Proposal, Proposals, source_digest
-from generators.cuda_channel_norm import (
-    ClusterNormConfig,
-    register_threads,
-    write_cuda_channel_norm,
-)
-from generators.cuda_pointwise import CudaPointwiseConfig, write_cuda_pointwise
-from generators.cuda_reduction import CudaReductionConfig, write_cuda_reduction
+from generators.cuda.channel_norm import write_cuda_channel_norm
+from generators.cuda.cluster_shares import ClusterNormConfig, register_threads
+from generators.cuda.pointwise import CudaPointwiseConfig, write_cuda_pointwise
+from generators.cuda.row_reduction import CudaReductionConfig, write_cuda_reduction
 from generators.mutations import diagnosed_neighbours
 from generators.site_graph import Ref, SiteGraph, Unsupported, load_site_graph
-from generators.triton_batch_norm import BatchNormConfig, write_batch_norm
-from generators.triton_conv import write_conv_epilogue
-from generators.triton_dim_reduction import (
+from generators.triton.batch_norm import BatchNormConfig, write_batch_norm
+from generators.triton.conv import write_conv_epilogue
+from generators.triton.dim_reduction import (
     AUTO_SPLIT,
     FOLDS,
     H200_SMS,
@@ -36,11 +33,11 @@ from generators.triton_dim_reduction import (
     split_for,
     write_dim_reduction,
 )
-from generators.triton_dim_softmax import SOFTMAXES, DimSoftmaxConfig, write_dim_softmax
-from generators.triton_group_norm import GroupNormConfig, write_group_norm
-from generators.triton_matmul import MatmulConfig, write_triton_matmul
-from generators.triton_pointwise import PointwiseConfig, write_pointwise
-from generators.triton_reduction import RowConfig, write_row_reduction
+from generators.triton.dim_softmax import SOFTMAXES, DimSoftmaxConfig, write_dim_softmax
+from generators.triton.group_norm import GroupNormConfig, write_group_norm
+from generators.triton.matmul import MatmulConfig, write_triton_matmul
+from generators.triton.pointwise import PointwiseConfig, write_pointwise
+from generators.triton.row_reduction import RowConfig, write_row_reduction
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,10 @@ from pathlib import Path
 import torch
 import torch.fx as fx
 
-from core.capture import capture
-from core.load import import_file
-from core.ops import OpKind, op_info
-from core.partition import Region
+from core.profile.load import import_file
+from core.runtime.capture import capture
+from core.runtime.ops import OpKind, op_info
+from core.runtime.partition import Region
 
 
 class Unsupported(Exception):
@@ -57,7 +57,7 @@ class Ref:
 
 @dataclass(frozen=True)
 class Op:
-    name: str  # canonical op name (core.ops)
+    name: str  # canonical op name (core.runtime.ops)
     kind: OpKind
     args: tuple[object, ...]  # Refs and constants, nested tuples kept
     kwargs: tuple[tuple[str, object], ...]

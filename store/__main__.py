@@ -1,6 +1,6 @@
 """`python -m store`: see `store.cli`."""
 
-from core.errors import exit_on_input_error
+from core.runtime.errors import exit_on_input_error
 from store.cli import main
 
 if __name__ == "__main__":

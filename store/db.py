@@ -17,7 +17,7 @@ from pathlib import Path
 
 from sqlite_utils import Database
 
-from core.errors import KilnInputError
+from core.runtime.errors import KilnInputError
 from store.migrations import MIGRATION_NAMES, MIGRATIONS
 
 SQLITE_HEADER = b"SQLite format 3\x00"

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from core.errors import KilnInputError
+from core.runtime.errors import KilnInputError
 from store.reader import StoreReader
 
 EXPORT_FORMATS = ("package", "kernelbench", "json", "csv")

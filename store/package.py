@@ -1,8 +1,8 @@
 """The `package` export: a Python package of a run's winning kernels and `install(model)`.
 
-The package carries everything it needs and nothing of Kiln's beyond copies of the few modules
-that find sites in a graph and swap them (`_kiln/`), so it runs where only torch and triton
-(and pycuda, for CUDA kernels) are installed.
+The package carries everything it needs and nothing of Kiln's beyond a copy of `core/runtime/`
+(as `_kiln/`: the modules that find sites in a graph and swap them, and the CUDA launcher), so
+it runs where only torch and triton (and pycuda, for CUDA kernels) are installed.
 """
 
 from __future__ import annotations
@@ -13,23 +13,21 @@ import shutil
 from dataclasses import asdict
 from pathlib import Path
 
-from core.errors import KilnInputError
-from core.install import SiteKernel
+from core.runtime.errors import KilnInputError
+from core.runtime.guarded import SiteKernel
 from store.reader import StoreReader
 
 PACKAGE = "kiln_kernels"
 FILES = Path(__file__).resolve().parent / "package_files"
-CORE = Path(__file__).resolve().parents[1] / "core"
-# The modules that cut a graph into sites and call replacements in their place, and the CUDA
-# runtime tier-2 kernels import.
-VENDORED = ("ops", "partition", "site_problem", "capture", "stitch", "cuda_runtime", "install",
-            "inline", "problem_loader", "python_ast", "errors")
-_CORE_IMPORT = re.compile(r"^(from )core\.(\w+)( import )", re.MULTILINE)
+RUNTIME = Path(__file__).resolve().parents[1] / "core" / "runtime"
+# A CUDA kernel imports its launcher as `core.runtime.cuda` (or, stored by earlier versions,
+# `core.cuda_runtime`): in the package, that is the copy in `_kiln`.
+_CUDA_IMPORT = re.compile(r"^from core\.(?:runtime\.cuda|cuda_runtime) import ", re.MULTILINE)
 
 
-def _vendor(source: str) -> str:
-    """Point `from core.x import ...` at the package's own copy."""
-    return _CORE_IMPORT.sub(rf"\1{PACKAGE}._kiln.\2\3", source)
+def _vendor(kernel_source: str) -> str:
+    """Point a kernel's import of the CUDA launcher at the package's own copy."""
+    return _CUDA_IMPORT.sub(f"from {PACKAGE}._kiln.cuda import ", kernel_source)
 
 
 def _readme(run: object, sites: list[dict[str, object]]) -> str:
@@ -77,18 +75,14 @@ def export_package(store: StoreReader, out: Path, run_id: int | None = None,
     try:
         if root.exists():
             shutil.rmtree(root)
-        for folder in (root / "_kiln", root / "kernels", root / "problems"):
+        for folder in (root / "kernels", root / "problems"):
             folder.mkdir(parents=True)
         written = []
         for name in ("__init__.py", "install.py"):
             shutil.copyfile(FILES / name, root / name)
             written.append(root / name)
-        (root / "_kiln" / "__init__.py").write_text('"""Copies of the parts of Kiln that '
-                                                    'find and swap sites."""\n')
-        for name in VENDORED:
-            path = root / "_kiln" / f"{name}.py"
-            path.write_text(_vendor((CORE / f"{name}.py").read_text()))
-            written.append(path)
+        shutil.copytree(RUNTIME, root / "_kiln", ignore=shutil.ignore_patterns("__pycache__"))
+        written += sorted((root / "_kiln").glob("*.py"))
         sites = []
         for winner in winners:
             site = store.site(winner.site_id)

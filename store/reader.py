@@ -11,7 +11,7 @@ from typing import Any, Self
 
 from sqlite_utils import Database
 
-from core.errors import KilnInputError
+from core.runtime.errors import KilnInputError
 from store.db import connect_reader
 from store.liveness import run_writer_alive
 from store.records import Candidate, CandidateSummary, LlmCall, Run, Site

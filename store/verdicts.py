@@ -1,4 +1,5 @@
-"""An evaluator verdict (`core.verdict.Verdict`) → the indexed columns of the `verdicts` table.
+"""An evaluator verdict (`core.evaluate.verdict.Verdict`) → the indexed columns of the `verdicts`
+table.
 
 The whole verdict is kept as JSON too, so a field the evaluator adds later is stored without a
 migration; only the fields that listings, search and ranking need get their own column, named

@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlite_utils import Database
 
-from core.errors import KilnInputError
+from core.runtime.errors import KilnInputError
 from store.db import connect_writer, write_transaction
 from store.liveness import run_writer_alive, this_writer
 from store.migrations import FAMILIES, TIERS

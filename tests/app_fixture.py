@@ -26,8 +26,8 @@ import triton
 from streamlit.testing.v1 import AppTest
 
 from core.evaluate import EvalConfig, Evaluator
-from core.run import feedback_of
-from core.verdict import Verdict
+from core.evaluate.verdict import Verdict
+from core.optimize.run import feedback_of
 from generators.base import Parent, Proposal
 from generators.rules import RulesGenerator
 from store import Store, open_reader

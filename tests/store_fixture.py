@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.verdict import Reason, Verdict
+from core.evaluate.verdict import Reason, Verdict
 from store import Store
 
 POINTWISE_PROBLEM = """import torch

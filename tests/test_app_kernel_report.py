@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from core.counters import CounterReport, parse_ncu_csv
-from core.diagnosis import SPILLING, diagnose
-from core.kernel_report import INTERPRETER_NOTE, cuda_source_report
-from core.verdict import Reason, Verdict
+from core.evaluate.counters import CounterReport, parse_ncu_csv
+from core.evaluate.diagnosis import SPILLING, diagnose
+from core.evaluate.kernel_report import INTERPRETER_NOTE, cuda_source_report
+from core.evaluate.verdict import Reason, Verdict
 from store import Store, open_reader
 from tests.app_fixture import AppStore, app_store, open_page, texts
 

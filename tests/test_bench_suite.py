@@ -2,7 +2,7 @@
 its entry declares; at full size each is big enough to time on an H200; built-in models load.
 
 Problems keep their sizes in module-level constants. The test writes a copy of each file with
-the small sizes below and loads the copy through `core.load`, as Kiln loads any model file.
+the small sizes below and loads the copy through `core.profile.load`, as Kiln loads any model file.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode
 
 from bench.suite import PROBLEMS, SUITE, SuiteEntry, entry
-from core.capture import capture
-from core.errors import KilnInputError
-from core.load import DTYPES, BuiltinShape, check_runs, import_file, load_model
-from core.roofline import GpuPeaks
-from core.sites import find_sites
+from core.profile.load import DTYPES, BuiltinShape, check_runs, import_file, load_model
+from core.profile.roofline import GpuPeaks
+from core.profile.sites import find_sites
+from core.runtime.capture import capture
+from core.runtime.errors import KilnInputError
 
 CPU = torch.device("cpu")
 FILE_ENTRIES = [item for item in SUITE if not item.is_builtin]

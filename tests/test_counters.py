@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from core.counters import (
+from core.evaluate.counters import (
     METRICS,
     CounterReport,
     KernelCounters,
@@ -88,7 +88,7 @@ def test_ncu_leaves_the_clocks_alone_and_profiles_one_forward(tmp_path):
     assert "--clock-control none" in joined and "--profile-from-start off" in joined
     assert "--print-units base" in joined and "--csv --page raw" in joined
     program = command[command.index("-m") + 1:]
-    assert program[:3] == ["core.counters", str(tmp_path / "p.py"), str(tmp_path / "c.py")]
+    assert program[:3] == ["core.evaluate.counters", str(tmp_path / "p.py"), str(tmp_path / "c.py")]
     assert command[command.index("--seed") + 1] == "3"
     assert command[command.index("--lock") + 1] == "/tmp/gpu-0.lock"
 
@@ -154,8 +154,8 @@ def test_a_hung_ncu_is_killed_at_the_time_limit(tmp_path, files, monkeypatch):
 def test_no_ncu_and_no_gpu_say_so(files, monkeypatch):
     monkeypatch.delenv("KILN_NCU", raising=False)
     monkeypatch.setenv("PATH", "/nonexistent")
-    monkeypatch.setattr("core.counters.glob.glob", lambda pattern: [])
-    monkeypatch.setattr("core.counters.Path.exists", lambda self: False)
+    monkeypatch.setattr("core.evaluate.counters.glob.glob", lambda pattern: [])
+    monkeypatch.setattr("core.evaluate.counters.Path.exists", lambda self: False)
     assert "KILN_NCU" in collect(*files, seed=0, timeout_s=5).notes[0]
     assert collect(*files, seed=0, timeout_s=5, device="cpu").notes == [
         "hardware counters need a CUDA device; this run is on cpu"]

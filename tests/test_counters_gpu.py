@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from core.counters import CounterReport, collect, find_ncu
 from core.evaluate import EvalConfig, Evaluator
+from core.evaluate.counters import CounterReport, collect, find_ncu
 from generators.site_graph import load_site_graph
-from generators.triton_pointwise import PointwiseConfig, write_pointwise
+from generators.triton.pointwise import PointwiseConfig, write_pointwise
 from tests.kernel_checks import one_input_problem
 
 pytestmark = pytest.mark.gpu

@@ -10,9 +10,9 @@ import sys
 import time
 from pathlib import Path
 
-from core.eval_config import EvalConfig
-from core.eval_timing import DeviceLock, device_lock_path, exclusive_device, physical_gpu
-from core.pool import WorkerPool
+from core.evaluate.config import EvalConfig
+from core.evaluate.pool import WorkerPool
+from core.timing.device_lock import DeviceLock, device_lock_path, exclusive_device, physical_gpu
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -64,7 +64,7 @@ def test_a_waiting_timer_gets_in_while_checks_keep_coming(tmp_path):
     without the turnstile a timer waited up to 5 s for a moment when none did."""
     path = str(tmp_path / "gpu-0.lock")
     stop = tmp_path / "stop"
-    hold = ("import sys, time, pathlib\nfrom core.eval_timing import DeviceLock\n"
+    hold = ("import sys, time, pathlib\nfrom core.timing.device_lock import DeviceLock\n"
             "ready = pathlib.Path(sys.argv[3])\n"
             "while not pathlib.Path(sys.argv[2]).exists():\n"
             "    with DeviceLock(sys.argv[1]).shared():\n"
@@ -93,7 +93,7 @@ def test_a_waiting_timer_gets_in_while_checks_keep_coming(tmp_path):
 
 def test_a_released_lock_lets_a_child_process_hold_the_device(tmp_path):
     path = str(tmp_path / "gpu-0.lock")
-    take = ("import sys\nfrom core.eval_timing import exclusive_device\n"
+    take = ("import sys\nfrom core.timing.device_lock import exclusive_device\n"
             "with exclusive_device(sys.argv[1]):\n    print('held')\n")
     lock = DeviceLock(path)
     with lock.shared(), lock.released():

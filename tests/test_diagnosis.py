@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from core.diagnosis import (
+from core.evaluate.diagnosis import (
     CODES,
     LATENCY_BOUND,
     NARROW_LOADS,
@@ -19,8 +19,8 @@ from core.diagnosis import (
     diagnosis_code,
     occupancy,
 )
-from core.kernel_report import KernelReport, KernelStats
-from core.roofline import GpuPeaks
+from core.evaluate.kernel_report import KernelReport, KernelStats
+from core.profile.roofline import GpuPeaks
 
 
 def cuda_kernel(name: str = "k", **figures: object) -> KernelStats:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from core.counters import CounterReport, KernelCounters, parse_ncu_csv
-from core.diagnosis import (
+from core.evaluate.counters import CounterReport, KernelCounters, parse_ncu_csv
+from core.evaluate.diagnosis import (
     COMPUTE_BOUND,
     EXCESS_TRAFFIC,
     LATENCY_BOUND,
@@ -19,7 +19,7 @@ from core.diagnosis import (
     Diagnosis,
     diagnose,
 )
-from core.kernel_report import KernelReport, KernelStats
+from core.evaluate.kernel_report import KernelReport, KernelStats
 
 DATA = Path(__file__).parent / "data" / "ncu"
 CLEAN = KernelReport([KernelStats("k", registers=32, stack_bytes=0, threads=256,

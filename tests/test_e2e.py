@@ -8,10 +8,16 @@ import pytest
 import torch
 import torch.nn as nn
 
-from core.e2e import EndToEndCheck, SiteGain, correctness_text, fresh_like, predicted_speedup
-from core.install import SiteKernel
-from core.markdown_report import markdown_report
-from core.progress import Progress
+from core.optimize.e2e import (
+    EndToEndCheck,
+    SiteGain,
+    correctness_text,
+    fresh_like,
+    predicted_speedup,
+)
+from core.optimize.markdown_report import markdown_report
+from core.profile.progress import Progress
+from core.runtime.guarded import SiteKernel
 from tests import models
 from tests.test_install import site_kernels
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from core.evaluate import EvalConfig, Evaluator
-from core.verdict import Reason, Verdict
+from core.evaluate.verdict import Reason, Verdict
 
 DATA = Path(__file__).parent / "data" / "evaluate"
 POINTWISE = "pointwise_problem"

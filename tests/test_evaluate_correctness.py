@@ -8,16 +8,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from core.candidate_guard import Guard, guarded_copy, poison_mask
-from core.correctness import (
+from core.evaluate import EvalConfig, Evaluator
+from core.evaluate.correctness import (
     TOLERANCES,
     changed_inputs,
     compare_outputs,
     outputs_identical,
     tolerance_name,
 )
-from core.evaluate import EvalConfig, Evaluator
-from core.verdict import Reason
+from core.evaluate.guard import Guard, guarded_copy, poison_mask
+from core.evaluate.verdict import Reason
 
 DATA = Path(__file__).parent / "data" / "evaluate"
 FP32 = {torch.float32: ("fp32", TOLERANCES["fp32"])}

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from core.cuda_runtime import nvcc_check, wrap_source
 from core.evaluate import EvalConfig, Evaluator
-from core.verdict import Reason
+from core.evaluate.verdict import Reason
+from core.runtime.cuda import nvcc_check, wrap_source
 
 DATA = Path(__file__).parent / "data" / "evaluate"
 PROBLEM = DATA / "pointwise_problem.py"

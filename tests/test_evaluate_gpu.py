@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from core.evaluate import EvalConfig, Evaluator
-from core.verdict import Reason
+from core.evaluate.verdict import Reason
 
 pytestmark = pytest.mark.gpu
 
@@ -64,7 +64,7 @@ def test_a_pycuda_compile_error_keeps_its_line_number(evaluator):
 
 @pytest.mark.parametrize("side_stream", [False, True], ids=["default-stream", "side-stream"])
 def test_cuda_launches_are_ordered_with_torch_work(side_stream):
-    from core.cuda_runtime import load_kernel
+    from core.runtime.cuda import load_kernel
 
     kernel = load_kernel(DOUBLE, "double_it", "PPi")
     n = 1 << 20

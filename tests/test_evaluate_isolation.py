@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from core.evaluate import EvalConfig, Evaluator
-from core.verdict import Reason
+from core.evaluate.verdict import Reason
 
 DATA = Path(__file__).parent / "data" / "evaluate"
 PROBLEM = DATA / "pointwise_problem.py"

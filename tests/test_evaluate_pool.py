@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 from core.evaluate import EvalConfig, Evaluator, evaluate
-from core.verdict import Reason
+from core.evaluate.verdict import Reason
 
 DATA = Path(__file__).parent / "data" / "evaluate"
 PROBLEM = DATA / "pointwise_problem.py"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.static_check import check_candidate, problem_anchors
+from core.evaluate.static_rules import check_candidate, problem_anchors
 
 POINTWISE = ("import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n"
              "        return x * 2\n")
@@ -99,7 +99,7 @@ def test_library_anchor_is_allowed_on_a_matmul_site_and_recorded():
 
 
 def test_cuda_source_with_the_runtime_helper_is_tier_cuda():
-    source = ('import torch.nn as nn\nfrom core.cuda_runtime import load_kernel\n'
+    source = ('import torch.nn as nn\nfrom core.runtime.cuda import load_kernel\n'
               'SRC = r"""\n__global__ void k(float* x) { x[0] = 1.0f; }\n"""\n'
               'class ModelNew(nn.Module):\n    def forward(self, x):\n        return x\n')
     report = check_candidate(source, POINTWISE)

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from core.eval_config import EvalConfig
-from core.verdict import Reason, Verdict
+from core.evaluate.config import EvalConfig
+from core.evaluate.verdict import Reason, Verdict
 
 
 def test_a_verdict_round_trips_through_json():

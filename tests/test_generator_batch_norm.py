@@ -10,7 +10,7 @@ import torch
 from core.evaluate import EvalConfig, evaluate
 from generators.rules import RulesGenerator
 from generators.site_graph import Unsupported, load_site_graph
-from generators.triton_batch_norm import BatchNormConfig, write_batch_norm
+from generators.triton.batch_norm import BatchNormConfig, write_batch_norm
 from tests.test_generator_pointwise import check
 
 BN = "torch.nn.functional.batch_norm"

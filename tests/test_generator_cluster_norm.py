@@ -11,14 +11,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-from core.cuda_runtime import nvcc_check
 from core.evaluate import EvalConfig, evaluate
-from core.static_check import check_candidate
-from generators.cuda_channel_norm import (
-    ClusterNormConfig,
-    register_threads,
-    write_cuda_channel_norm,
-)
+from core.evaluate.static_rules import check_candidate
+from core.runtime.cuda import nvcc_check
+from generators.cuda.channel_norm import write_cuda_channel_norm
+from generators.cuda.cluster_shares import ClusterNormConfig, register_threads
 from generators.rules import RulesGenerator
 from generators.site_graph import Unsupported, load_site_graph
 from tests import test_generator_batch_norm as batch_norm

@@ -9,8 +9,8 @@ import torch
 
 from core.evaluate import EvalConfig, evaluate
 from generators.site_graph import Unsupported, load_site_graph
-from generators.triton_conv import write_conv_epilogue
-from generators.triton_pointwise import PointwiseConfig
+from generators.triton.conv import write_conv_epilogue
+from generators.triton.pointwise import PointwiseConfig
 from tests.kernel_checks import assert_matches
 from tests.test_site_problems import import_problem
 

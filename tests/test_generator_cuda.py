@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from core.cuda_runtime import nvcc_check
 from core.evaluate import EvalConfig, evaluate
-from core.static_check import check_candidate
-from core.verdict import Reason
-from generators.cuda_pointwise import CudaPointwiseConfig, write_cuda_pointwise
-from generators.cuda_reduction import CudaReductionConfig, write_cuda_reduction
+from core.evaluate.static_rules import check_candidate
+from core.evaluate.verdict import Reason
+from core.runtime.cuda import nvcc_check
+from generators.cuda.pointwise import CudaPointwiseConfig, write_cuda_pointwise
+from generators.cuda.row_reduction import CudaReductionConfig, write_cuda_reduction
 from generators.site_graph import Unsupported, load_site_graph
 
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}

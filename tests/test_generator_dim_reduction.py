@@ -9,7 +9,7 @@ from core.evaluate import EvalConfig, Evaluator, evaluate
 from generators.base import Parent
 from generators.rules import RulesGenerator, _dim_drafts
 from generators.site_graph import Unsupported, load_site_graph
-from generators.triton_dim_reduction import AUTO_SPLIT, DimConfig, write_dim_reduction
+from generators.triton.dim_reduction import AUTO_SPLIT, DimConfig, write_dim_reduction
 from tests.kernel_checks import assert_matches, one_input_problem
 from tests.test_generator_pointwise import check
 

@@ -9,7 +9,7 @@ from core.evaluate import EvalConfig, Evaluator, evaluate
 from generators.base import Parent
 from generators.rules import RulesGenerator, _dim_softmax_drafts
 from generators.site_graph import Unsupported, load_site_graph
-from generators.triton_dim_softmax import DimSoftmaxConfig, write_dim_softmax
+from generators.triton.dim_softmax import DimSoftmaxConfig, write_dim_softmax
 from tests.kernel_checks import one_input_problem
 from tests.test_generator_pointwise import check
 

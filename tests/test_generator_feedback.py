@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from core.diagnosis import (
+from core.evaluate.diagnosis import (
     COMPUTE_BOUND,
     EXCESS_TRAFFIC,
     LATENCY_BOUND,
@@ -19,14 +19,14 @@ from core.diagnosis import (
     UNCOALESCED,
 )
 from generators.base import Feedback, Parent, Proposal
-from generators.cuda_channel_norm import ClusterNormConfig
-from generators.cuda_pointwise import CudaPointwiseConfig, write_cuda_pointwise
-from generators.llm_prompt import describe_feedback
+from generators.cuda.cluster_shares import ClusterNormConfig
+from generators.cuda.pointwise import CudaPointwiseConfig, write_cuda_pointwise
+from generators.llm.prompt import describe_feedback
 from generators.mutations import diagnosed_neighbours, neighbours
 from generators.rules import RulesGenerator
-from generators.triton_matmul import MatmulConfig
-from generators.triton_pointwise import PointwiseConfig, write_pointwise
-from generators.triton_reduction import RowConfig
+from generators.triton.matmul import MatmulConfig
+from generators.triton.pointwise import PointwiseConfig, write_pointwise
+from generators.triton.row_reduction import RowConfig
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import torch
 from core.evaluate import EvalConfig, evaluate
 from generators.rules import RulesGenerator
 from generators.site_graph import Unsupported, load_site_graph
-from generators.triton_group_norm import GroupNormConfig, write_group_norm
+from generators.triton.group_norm import GroupNormConfig, write_group_norm
 from tests.test_generator_pointwise import check
 
 F = "torch.nn.functional"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from generators.llm import LLMGenerator
-from generators.llm_config import LlmConfig
-from generators.llm_prompt import first_code_block, rationale_of, screen_reply
+from generators.llm.config import LlmConfig
+from generators.llm.generator import LLMGenerator
+from generators.llm.prompt import first_code_block, rationale_of, screen_reply
 from tests.llm_server import LlmServer, Reply, contains, last_user_text
 
 DATA = Path(__file__).parent / "data" / "evaluate"

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from core.roofline import GpuPeaks
+from core.profile.roofline import GpuPeaks
 from generators.base import Feedback, Parent, Proposal
-from generators.llm import LLMGenerator
-from generators.llm_config import LlmConfig
-from generators.llm_prompt import describe_feedback, gpu_facts
+from generators.llm.config import LlmConfig
+from generators.llm.generator import LLMGenerator
+from generators.llm.prompt import describe_feedback, gpu_facts
 from tests.llm_server import LlmServer, Reply, prompt_text
 
 DATA = Path(__file__).parent / "data" / "evaluate"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from generators.llm import LLMGenerator
-from generators.llm_config import LlmCall, LlmConfig
+from generators.llm.config import LlmCall, LlmConfig
+from generators.llm.generator import LLMGenerator
 from tests.llm_server import LlmServer, Reply, closed_port_url, contains
 
 DATA = Path(__file__).parent / "data" / "evaluate"

@@ -6,14 +6,14 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from core.load import BuiltinShape
-from core.pipeline import ListSitesConfig
-from core.profile import ProfileConfig
-from core.progress import Progress
-from core.run import OptimizeConfig, OptimizeRun
-from core.search import SearchConfig, SiteSearch
+from core.optimize.run import OptimizeConfig, OptimizeRun
+from core.profile.in_situ import ProfileConfig
+from core.profile.load import BuiltinShape
+from core.profile.pipeline import ListSitesConfig
+from core.profile.progress import Progress
+from core.search.tree import SearchConfig, SiteSearch
 from generators.base import Feedback, Parent, Proposal, Proposals
-from generators.llm_config import LlmConfig
+from generators.llm.config import LlmConfig
 from tests.llm_server import LlmServer, Reply, closed_port_url, contains, prompt_text
 from tests.test_list_sites_cli import run_cli
 

@@ -10,7 +10,7 @@ import torch
 
 from core.evaluate import EvalConfig, evaluate
 from generators.site_graph import Unsupported, load_site_graph
-from generators.triton_matmul import MatmulConfig, write_triton_matmul
+from generators.triton.matmul import MatmulConfig, write_triton_matmul
 from tests.kernel_checks import assert_matches
 from tests.test_site_problems import import_problem
 

@@ -9,7 +9,7 @@ import torch
 
 from core.evaluate import EvalConfig, evaluate
 from generators.site_graph import Unsupported, load_site_graph
-from generators.triton_pointwise import PointwiseConfig, write_pointwise
+from generators.triton.pointwise import PointwiseConfig, write_pointwise
 from tests.kernel_checks import assert_matches
 from tests.test_site_problems import import_problem
 

@@ -8,7 +8,7 @@ import torch
 from core.evaluate import EvalConfig, Evaluator, evaluate
 from generators.rules import RulesGenerator
 from generators.site_graph import Unsupported, load_site_graph
-from generators.triton_reduction import RowConfig, write_row_reduction
+from generators.triton.row_reduction import RowConfig, write_row_reduction
 from tests.test_generator_pointwise import check
 
 BODIES = {

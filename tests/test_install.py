@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from core.capture import capture
-from core.correctness import TOLERANCES, compare_outputs
-from core.install import GuardedKernel, ProvenInput, SiteKernel, install
-from core.roofline import GpuPeaks
-from core.sites import find_sites, write_site_folder
+from core.evaluate.correctness import TOLERANCES, compare_outputs
+from core.profile.roofline import GpuPeaks
+from core.profile.sites import find_sites, write_site_folder
+from core.runtime.capture import capture
+from core.runtime.guarded import GuardedKernel, ProvenInput, SiteKernel
+from core.runtime.install import install
 from generators.rules import RulesGenerator
 from tests import models
 from tests.test_site_problems import FACTORIES, import_problem

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from core.correctness import compare_outputs
-from core.install import install
+from core.evaluate.correctness import compare_outputs
+from core.runtime.install import install
 from tests import models
 from tests.test_install import site_kernels
 

@@ -8,8 +8,9 @@ from collections import Counter
 
 import torch
 
-from core.inline import traceable, tracing_backend
-from core.install import SiteKernel, install, load_guarded, site_op
+from core.runtime.guarded import SiteKernel, load_guarded
+from core.runtime.inline import traceable, tracing_backend
+from core.runtime.install import install, site_op
 from tests import models
 from tests.test_install import assert_close, site_kernels
 

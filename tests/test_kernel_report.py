@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from core.evaluate import EvalConfig, evaluate
-from core.kernel_report import (
+from core.evaluate.kernel_report import (
     INTERPRETER_NOTE,
     KernelReport,
     KernelStats,
@@ -21,17 +21,17 @@ from core.kernel_report import (
     parse_ptxas,
     parse_sass,
 )
-from core.problem_loader import import_file
-from core.verdict import Verdict
-from generators.cuda_pointwise import CudaPointwiseConfig, write_cuda_pointwise
-from generators.cuda_reduction import CudaReductionConfig, write_cuda_reduction
+from core.evaluate.verdict import Verdict
+from core.runtime.problem_loader import import_file
+from generators.cuda.pointwise import CudaPointwiseConfig, write_cuda_pointwise
+from generators.cuda.row_reduction import CudaReductionConfig, write_cuda_reduction
 from generators.site_graph import load_site_graph
-from generators.triton_pointwise import PointwiseConfig, write_pointwise
+from generators.triton.pointwise import PointwiseConfig, write_pointwise
 from tests.kernel_checks import one_input_problem
 
 DATA = Path(__file__).parent / "data" / "kernel_report"
 # Recorded with `nvcc -arch=sm_90 -cubin --resource-usage` (CUDA 13.0) on the sources beside
-# them wrapped as core.cuda_runtime wraps them, and `cuobjdump -sass` on the cubin.
+# them wrapped as core.runtime.cuda wraps them, and `cuobjdump -sass` on the cubin.
 HANDWRITTEN = {  # name: registers, stack frame, shared memory, (wide, narrow) loads, matrix ops
     "local_array": (16, 256, 0, (0, 1), []),
     "narrow": (10, 0, 1024, (0, 1), []),

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from core.capture import capture
-from core.load import load_model
-from core.pipeline import ListSitesConfig, list_sites
-from core.profile import ProfileConfig
-from core.roofline import GpuPeaks
-from core.sites import find_sites
+from core.profile.in_situ import ProfileConfig
+from core.profile.load import load_model
+from core.profile.pipeline import ListSitesConfig, list_sites
+from core.profile.roofline import GpuPeaks
+from core.profile.sites import find_sites
+from core.runtime.capture import capture
 
 pytestmark = pytest.mark.gpu
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from core.errors import KilnInputError
-from core.load import BuiltinShape, check_runs, load_model
+from core.profile.load import BuiltinShape, check_runs, load_model
+from core.runtime.errors import KilnInputError
 from tests import models
 
 CPU = torch.device("cpu")

@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 import sqlite3
 
-from core.best_counters import profile_best, unprofiled_best, with_counters
-from core.run import feedback_of
-from core.search import SiteSearch
-from core.verdict import Reason, Verdict
+from core.evaluate.verdict import Reason, Verdict
+from core.optimize.run import feedback_of
+from core.search.best_counters import profile_best, unprofiled_best, with_counters
+from core.search.tree import SiteSearch
 from generators.base import Feedback, Proposal
 from tests.test_list_sites_cli import run_cli
 

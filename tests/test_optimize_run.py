@@ -53,7 +53,7 @@ def test_a_cpu_run_searches_refines_and_stores_every_parent_link(tmp_path):
 
 def test_the_offline_generator_needs_no_openai_sdk():
     """A run with the rules generator imports nothing of the LLM client's."""
-    check = ("import sys, core.optimize, core.run\n"
+    check = ("import sys, core.optimize, core.optimize.run\n"
              "assert 'openai' not in sys.modules, 'the OpenAI SDK was imported'")
     result = subprocess.run([sys.executable, "-c", check], cwd=ROOT, capture_output=True,
                             text=True)

@@ -6,11 +6,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from core.capture import capture
-from core.ops import op_info
-from core.partition import partition, segments
-from core.roofline import GpuPeaks
-from core.sites import find_sites
+from core.profile.roofline import GpuPeaks
+from core.profile.sites import find_sites
+from core.runtime.capture import capture
+from core.runtime.ops import op_info
+from core.runtime.partition import partition, segments
 from tests import models
 
 CPU = torch.device("cpu")

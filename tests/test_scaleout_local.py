@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from core.errors import KilnInputError
-from core.eval_config import EvalConfig
-from core.pool import WorkerPool, pinning_env, pool_gpus, slot_gpus
+from core.evaluate.config import EvalConfig
+from core.evaluate.pool import WorkerPool, pinning_env, pool_gpus, slot_gpus
+from core.runtime.errors import KilnInputError
 from tests.test_list_sites_cli import ROOT, run_cli
 
 
@@ -105,8 +105,8 @@ def test_bad_scale_out_options_are_input_errors(args, message):
 
 def test_executor_ray_without_ray_names_the_extra_to_install():
     hide_ray = ("import sys; sys.modules['ray'] = None\n"
-                "from core.errors import exit_on_input_error\n"
-                "from core.optimize import main\n"
+                "from core.runtime.errors import exit_on_input_error\n"
+                "from core.optimize.cli import main\n"
                 "exit_on_input_error(lambda: main(['tests.models:make_mlp', '--device', 'cpu', "
                 "'--executor', 'ray']))")
     result = subprocess.run([sys.executable, "-c", hide_ray], cwd=ROOT, capture_output=True,

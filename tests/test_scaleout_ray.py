@@ -21,10 +21,10 @@ import pytest
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'kiln[ray]')")
 
 from core.evaluate import EvalConfig, Evaluator  # noqa: E402 - after the skip
-from core.optimize import main as optimize_main  # noqa: E402
-from core.ray_executor import RayEvaluator, job_runtime_env  # noqa: E402
-from core.run import OptimizeRun  # noqa: E402
-from core.verdict import Reason, Verdict  # noqa: E402
+from core.evaluate.ray_executor import RayEvaluator, job_runtime_env  # noqa: E402
+from core.evaluate.verdict import Reason, Verdict  # noqa: E402
+from core.optimize.cli import main as optimize_main  # noqa: E402
+from core.optimize.run import OptimizeRun  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "evaluate"
 PROBLEM = DATA / "pointwise_problem.py"

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from core.search import SearchConfig, SiteSearch
+from core.search.tree import SearchConfig, SiteSearch
 from generators.base import Feedback, Parent, Proposal, Proposals
 
 SIZE = 16

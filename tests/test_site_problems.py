@@ -7,10 +7,10 @@ import importlib.util
 import pytest
 import torch
 
-from core.capture import capture
-from core.load import BuiltinShape, load_model
-from core.roofline import GpuPeaks
-from core.sites import find_sites, write_site_folder
+from core.profile.load import BuiltinShape, load_model
+from core.profile.roofline import GpuPeaks
+from core.profile.sites import find_sites, write_site_folder
+from core.runtime.capture import capture
 from tests import models
 
 CPU = torch.device("cpu")

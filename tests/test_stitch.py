@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from core.capture import capture
-from core.load import BuiltinShape, load_model
-from core.roofline import GpuPeaks
-from core.sites import find_sites, write_site_folder
-from core.stitch import stitching_backend
+from core.profile.load import BuiltinShape, load_model
+from core.profile.roofline import GpuPeaks
+from core.profile.sites import find_sites, write_site_folder
+from core.runtime.capture import capture
+from core.runtime.stitch import stitching_backend
 from tests import models
 from tests.test_site_problems import FACTORIES, assert_same, import_problem
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from store_fixture import fill_store, read_only, run_cli
 
-from core.errors import KilnInputError
+from core.runtime.errors import KilnInputError
 from store import Store, open_reader
 
 

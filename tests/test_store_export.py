@@ -11,7 +11,7 @@ import sys
 import pytest
 from store_fixture import POINTWISE_PROBLEM, REPO, fill_store, run_cli, triton_candidate
 
-from core.errors import KilnInputError
+from core.runtime.errors import KilnInputError
 from store import Store, export, open_reader
 
 

@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from store_fixture import REPO, assert_search_index_matches_records, fill_store, verdict
 
-from core.errors import KilnInputError
+from core.runtime.errors import KilnInputError
 from store import Store, open_reader
 
 WRITER = """

@@ -9,7 +9,7 @@ import pytest
 from sqlite_utils import Database
 from store_fixture import fill_store, triton_candidate
 
-from core.errors import KilnInputError
+from core.runtime.errors import KilnInputError
 from store import Store, open_reader
 from store.migrations import MIGRATION_NAMES, MIGRATIONS
 

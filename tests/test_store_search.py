@@ -13,7 +13,7 @@ from store_fixture import (
     verdict,
 )
 
-from core.errors import KilnInputError
+from core.runtime.errors import KilnInputError
 from store import Store, open_reader
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from bench.suite import SUITE
 from bench.suite_bench import Outcome, geomean, selected, table
-from core.errors import KilnInputError
+from core.runtime.errors import KilnInputError
 
 
 def outcome(name: str, eager: float, compiled: float, kiln: float,

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import torch.nn as nn
 
-from ._kiln.install import GuardedKernel, InstalledModel, SiteKernel, load_guarded
+from ._kiln.guarded import GuardedKernel, SiteKernel, load_guarded
+from ._kiln.install import InstalledModel
 from ._kiln.install import install as install_kernels
 
 HERE = Path(__file__).resolve().parent

@@ -2,7 +2,7 @@
 import torch
 import torch.nn as nn
 
-from core.cuda_runtime import load_kernel
+from core.runtime.cuda import load_kernel
 
 SOURCE = r"""
 __global__ void fused(const float* x, const float* y, float* out, int n) {

@@ -1,0 +1,132 @@
+"""A pool of worker processes kept busy with a batch of candidates, results in input order.
+
+Workers start when first needed (a candidate rejected by the static rules needs none). Each
+pool thread owns one worker and pulls the next candidate as soon as its worker is free, so
+one candidate compiles while another is timed. A worker that crashed, timed out or declared
+itself unfit is replaced before its thread takes the next candidate.
+
+On CUDA the workers are spread over the GPUs round robin: worker `i` of `n` runs on GPU `gpus[i %
+len(gpus)]`, pinned to it by `CUDA_VISIBLE_DEVICES` in its environment (so inside the worker it is
+`cuda:0`). `gpus` is `EvalConfig.gpus`, else every GPU torch sees. Five workers on two GPUs put
+three on the first and two on the second; one worker on two GPUs uses only the first. Timing takes
+turns through one file lock per GPU of the machine, shared with every other Kiln process
+(`core.timing.model_timing.device_lock_path`), so concurrent work, of this run or another, never
+inflates a measurement while different GPUs time in parallel. On the CPU there is one lock and no
+pinning. Results go back to the caller, which alone writes the store.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from core.evaluate.config import EvalConfig
+from core.evaluate.verdict import Verdict
+from core.evaluate.worker import Request, Worker
+from core.runtime.errors import KilnInputError
+from core.timing.device_lock import device_lock_path, physical_gpu
+
+
+def pool_gpus(config: EvalConfig, device_count: Callable[[], int] = torch.cuda.device_count
+              ) -> list[int]:
+    """The GPUs (torch indices in this process) workers are spread over; none on the CPU."""
+    if config.device == "cpu":
+        return []
+    count = device_count()
+    if config.gpus is None:
+        return list(range(count))
+    missing = [gpu for gpu in config.gpus if not 0 <= gpu < count]
+    if missing:
+        raise KilnInputError(
+            f"--gpus names GPU {missing[0]}, but this process sees {count} GPU(s)"
+            + (f" (0 to {count - 1})" if count else ""),
+            "pass indices as torch.cuda.device_count() counts them, e.g. --gpus 0,1")
+    return list(config.gpus)
+
+
+def pinning_env(gpu: int, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The environment that pins a worker to torch's GPU `gpu` of this process."""
+    return {"CUDA_VISIBLE_DEVICES": physical_gpu(gpu, environ)}
+
+
+def slot_gpus(workers: int, gpus: Sequence[int]) -> list[int | None]:
+    """The GPU of each worker slot, round robin; None for every slot on the CPU."""
+    if not gpus:
+        return [None] * workers
+    return [gpus[slot % len(gpus)] for slot in range(workers)]
+
+
+class WorkerPool:
+    def __init__(self, config: EvalConfig, workers: int = 1,
+                 device_count: Callable[[], int] = torch.cuda.device_count) -> None:
+        if workers < 1:
+            raise ValueError("a pool needs at least one worker")
+        self.config = config
+        self.size = workers
+        self.gpus = pool_gpus(config, device_count)
+        self.slot_gpu = slot_gpus(workers, self.gpus)
+        self.workers: list[Worker | None] = [None] * workers
+        self.replacements = 0
+        self.guard = threading.Lock()
+
+    def lock_path(self, slot: int) -> str:
+        """The timing lock of the slot's device: one per GPU of the machine, one for the CPU."""
+        gpu = self.slot_gpu[slot]
+        return device_lock_path(self.config.device,
+                                None if gpu is None else physical_gpu(gpu))
+
+    def worker_env(self, slot: int) -> dict[str, str]:
+        gpu = self.slot_gpu[slot]
+        return {} if gpu is None else pinning_env(gpu)
+
+    def new_worker(self, slot: int) -> Worker:
+        return Worker(self.config.device, self.config.startup_timeout_s, self.worker_env(slot))
+
+    def run_on(self, slot: int, request: Request) -> Verdict:
+        worker = self.workers[slot]
+        if worker is None or not worker.alive:
+            if worker is not None:
+                worker.close()
+                with self.guard:
+                    self.replacements += 1
+            worker = self.workers[slot] = self.new_worker(slot)
+        config = EvalConfig.from_dict(request.config)
+        request = dataclasses.replace(
+            request, config={**request.config, "gpu_lock": self.lock_path(slot)})
+        return worker.evaluate(request, config.compile_timeout_s, config.run_timeout_s)
+
+    def map(self, jobs: Sequence[Callable[[Callable[[Request], Verdict]], Verdict]]
+            ) -> list[Verdict]:
+        """Run each job with a function that evaluates a request on a free worker."""
+        pending: queue.Queue[int] = queue.Queue()
+        for index in range(len(jobs)):
+            pending.put(index)
+        results: list[Verdict | None] = [None] * len(jobs)
+
+        def drain(slot: int) -> None:
+            while True:
+                try:
+                    index = pending.get_nowait()
+                except queue.Empty:
+                    return
+                began = time.monotonic()
+                verdict = jobs[index](lambda request: self.run_on(slot, request))
+                verdict.eval_seconds = time.monotonic() - began
+                results[index] = verdict
+
+        with ThreadPoolExecutor(self.size) as threads:
+            for future in [threads.submit(drain, slot) for slot in range(self.size)]:
+                future.result()
+        return [verdict for verdict in results if verdict is not None]
+
+    def close(self) -> None:
+        for worker in self.workers:
+            if worker is not None:
+                worker.close()

@@ -1,0 +1,46 @@
+"""A site's own PyTorch times, eager and under torch.compile, by the evaluator's timing rules.
+
+A kernel has to beat the faster of the two to be worth installing: where Kiln finds nothing
+better, the installed model hands the site to inductor (or leaves it eager, whichever is
+faster), so the search measures every candidate against that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from core.evaluate.config import EvalConfig
+from core.runtime.problem_loader import load_problem, on_device
+from core.timing.device_lock import device_lock_path, exclusive_device
+from core.timing.model_timing import clone_inputs, rotation_copies, time_model
+
+
+@dataclass(frozen=True)
+class SiteBaseline:
+    eager_ms: float
+    compile_ms: float
+
+    @property
+    def best_ms(self) -> float:
+        return min(self.eager_ms, self.compile_ms)
+
+
+def time_site(problem_path: Path, config: EvalConfig) -> SiteBaseline:
+    """Eager and compiled medians of the site problem's `Model` on its seed-0 inputs."""
+    device = torch.device(config.device)
+    problem = load_problem(problem_path)
+    torch.manual_seed(config.seeds[0])
+    model = problem.model_class(*problem.init_inputs()).to(device).eval()
+    pristine = on_device(problem.inputs(config.seeds[0]), device)
+    copies = rotation_copies(pristine, device, config.rotation_budget_bytes // 2)
+    input_sets = [clone_inputs(pristine) for _ in range(copies)]
+    compiled = torch.compile(model, dynamic=False)
+    with torch.no_grad():
+        compiled(*input_sets[0])  # compiled here, not inside the timing
+    with exclusive_device(config.gpu_lock or device_lock_path(config.device)):
+        times = [time_model(run, input_sets, device, config.warmup_count, config.trial_count,
+                            config.warmup_time_ms).median_ms for run in (model, compiled)]
+    return SiteBaseline(eager_ms=times[0], compile_ms=times[1])

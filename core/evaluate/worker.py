@@ -1,0 +1,222 @@
+"""An isolated process that judges candidates, and the handle the parent keeps on it.
+
+A candidate can segfault, hang, exhaust memory or leave the CUDA context unusable (CUDA errors
+are sticky for the whole process); only its worker pays. The parent talks to the worker over
+pipes, one JSON object per line, and enforces two time limits: one until the candidate has
+compiled and run once, one for the rest. On a crash or a timeout the worker is killed and the
+verdict says why; a worker that is still healthy is reused, since starting one (importing torch
+and Triton) costs seconds.
+
+Run as `python -m core.evaluate.worker`; the protocol's output goes to a private copy of stdout so
+that a candidate's prints land on stderr instead of corrupting it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from core.evaluate.verdict import Reason, Verdict
+from core.runtime.errors import KilnInputError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+STDERR_TAIL_CHARS = 3000
+
+
+class WorkerError(RuntimeError):
+    """The worker failed in Kiln's own code (not the candidate's), or could not start."""
+
+
+@dataclass
+class Request:
+    problem_path: str
+    candidate_source: str
+    config: dict[str, Any]
+    tier: str
+    anchors: list[str]
+
+
+class Worker:
+    """Parent-side handle on one worker process for one device type."""
+
+    def __init__(self, device: str, startup_timeout_s: float,
+                 env: dict[str, str] | None = None) -> None:
+        """`env`: variables set in the worker's environment on top of this process's (its GPU)."""
+        self.device = device
+        self.folder = Path(tempfile.mkdtemp(prefix="kiln-worker-"))
+        self.stderr_path = self.folder / "stderr.log"
+        env = {**os.environ, **(env or {})}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT),
+                                                          env.get("PYTHONPATH")]))
+        if device == "cpu":
+            env["TRITON_INTERPRET"] = "1"
+        else:
+            env.pop("TRITON_INTERPRET", None)
+        with self.stderr_path.open("ab") as stderr:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "core.evaluate.worker", str(self.folder)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, env=env,
+                cwd=REPO_ROOT, start_new_session=True,
+            )
+        self.buffer = b""
+        message = self.receive(time.monotonic() + startup_timeout_s)
+        if message is None or message["type"] != "ready":
+            self.kill()
+            raise WorkerError(f"a {device} worker did not start within {startup_timeout_s:.0f}s:"
+                              f"\n{self.stderr_tail(0)}")
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def send(self, message: dict[str, Any]) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write((json.dumps(message) + "\n").encode())
+        self.process.stdin.flush()
+
+    def receive(self, deadline: float) -> dict[str, Any] | None:
+        """The next message; None when the deadline passed; {"type": "eof"} when the worker's
+        end of the pipe closed (it died)."""
+        assert self.process.stdout is not None
+        fd = self.process.stdout.fileno()
+        while b"\n" not in self.buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            ready, _, _ = select.select([fd], [], [], remaining)
+            if not ready:
+                return None
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return {"type": "eof"}
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def evaluate(self, request: Request, compile_timeout_s: float, run_timeout_s: float
+                 ) -> Verdict:
+        stderr_start = self.stderr_path.stat().st_size
+        self.send({"type": "judge", **request.__dict__})
+        phase, deadline = "compile", time.monotonic() + compile_timeout_s
+        while True:
+            message = self.receive(deadline)
+            if message is None:
+                return self.timed_out(phase, compile_timeout_s if phase == "compile"
+                                      else run_timeout_s)
+            kind = message["type"]
+            if kind == "eof":
+                return self.crashed(phase, stderr_start)
+            if kind == "phase":
+                phase, deadline = "run", time.monotonic() + run_timeout_s
+            elif kind == "verdict":
+                if not message["healthy"]:
+                    self.close()
+                return Verdict.from_dict(message["verdict"])
+            elif kind == "input_error":
+                raise KilnInputError(message["problem"], message["fix"])
+            else:
+                self.kill()
+                raise WorkerError(f"the worker failed in Kiln's code:\n{message['traceback']}")
+
+    def timed_out(self, phase: str, limit: float) -> Verdict:
+        self.kill()
+        return Verdict.rejected(
+            Reason.TIMEOUT,
+            f"no verdict within the {phase} time limit of {limit:g}s: the candidate hangs "
+            "or is far too slow; its worker was killed",
+            timed_out=True, compiled=phase == "run",
+        )
+
+    def crashed(self, phase: str, stderr_start: int) -> Verdict:
+        try:
+            code = self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            code = self.process.returncode
+        how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+        return Verdict.rejected(
+            Reason.CRASH,
+            f"the worker died ({how}) while running the candidate: "
+            f"{self.stderr_tail(stderr_start)}",
+            crashed=True, compiled=phase == "run",
+        )
+
+    def stderr_tail(self, start: int) -> str:
+        with self.stderr_path.open("rb") as handle:
+            handle.seek(start)
+            text = handle.read().decode(errors="replace").strip()
+        return text[-STDERR_TAIL_CHARS:] or "(nothing on stderr)"
+
+    def kill(self) -> None:
+        if self.alive:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+    def close(self) -> None:
+        if self.alive:
+            assert self.process.stdin is not None
+            self.process.stdin.close()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def serve(folder: Path) -> None:
+    """The worker's loop: judge requests from stdin until it closes or the worker is unfit."""
+    protocol = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+
+    def send(message: dict[str, Any]) -> None:
+        protocol.write(json.dumps(message) + "\n")
+
+    import torch  # noqa: F401 - start-up cost is paid before "ready", not by the first candidate
+
+    from core.evaluate.config import EvalConfig
+    from core.evaluate.guard import install_launch_counters
+    from core.evaluate.judge import Judge
+    from core.runtime import cuda as cuda_runtime
+
+    sys.modules.setdefault("cuda_runtime", cuda_runtime)
+    install_launch_counters()
+    judge = Judge(folder)
+    send({"type": "ready"})
+    for line in sys.stdin:
+        request = json.loads(line)
+        config = EvalConfig.from_dict(request["config"])
+        if "cuda" in request["tier"] and config.device == "cuda":
+            import pycuda.driver  # noqa: F401 - its launchers are wrapped below
+
+            cuda_runtime.ensure_context()
+            install_launch_counters()
+        try:
+            verdict, healthy = judge.judge(
+                request["problem_path"], request["candidate_source"], config,
+                set(request["anchors"]), lambda phase: send({"type": "phase", "phase": phase}),
+            )
+        except KilnInputError as err:
+            send({"type": "input_error", "problem": err.problem, "fix": err.fix})
+            continue
+        except Exception:
+            import traceback
+
+            send({"type": "internal_error", "traceback": traceback.format_exc()})
+            raise
+        send({"type": "verdict", "verdict": verdict.to_dict(), "healthy": healthy})
+        if not healthy:
+            return
+
+
+if __name__ == "__main__":
+    serve(Path(sys.argv[1]))

@@ -1,0 +1,257 @@
+"""`python -m core.optimize MODEL`: profile a model, search kernels for its hot sites, report.
+
+With `--list-sites` it stops after profiling and prints the ranked site table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from core.optimize.markdown_report import write_markdown_report
+from core.optimize.report import print_search_table
+from core.optimize.run import OptimizeConfig, OptimizeRun
+from core.profile.in_situ import ProfileConfig
+from core.profile.load import DTYPES, BuiltinShape
+from core.profile.pipeline import ListSitesConfig, list_sites
+from core.profile.progress import Progress
+from core.profile.roofline import GpuPeaks
+from core.profile.site_table import print_site_table
+from core.runtime.errors import KilnInputError
+from core.search.tree import SearchConfig
+from generators.llm.config import LlmConfig
+from store import open_reader
+
+TIERS = ("triton", "cuda")
+GENERATORS = ("rules", "llm")
+
+
+def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, ListSitesConfig]:
+    parser = argparse.ArgumentParser(prog="python -m core.optimize", description=__doc__)
+    parser.add_argument("model", nargs="?",
+                        help="KernelBench .py file, package.module:callable, "
+                        "torchvision:<name> or hf:<model_type>[?key=value&...]")
+    parser.add_argument("--list-sites", action="store_true",
+                        help="stop after profiling and print the ranked site table")
+    parser.add_argument("--device", choices=["cuda", "cpu"],
+                        default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", choices=list(DTYPES), help="cast model and inputs")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    parser.add_argument("--out", type=Path, default=Path("kiln-out"),
+                        help="where site problems are written (default: kiln-out)")
+    parser.add_argument("--batch", type=int, default=1, help="batch size of built-in models")
+    parser.add_argument("--seq-len", type=int, default=128, help="sequence length (hf: text)")
+    parser.add_argument("--image-size", type=int, default=224, help="image size (vision)")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--trials", type=int, default=20, help="timed forwards (median)")
+    parser.add_argument("--max-input-mb", type=float, default=256,
+                        help="save a site's captured inputs up to this size")
+    parser.add_argument("--bandwidth", type=float, default=4.3,
+                        help="GPU memory bandwidth for floors, TB/s (default: H200)")
+    parser.add_argument("--matrix-tflops", type=float,
+                        help="matrix peak for the model's dtype, TFLOP/s (default: H200)")
+    search = parser.add_argument_group("search (without --list-sites)")
+    search.add_argument("--budget", type=float, default=10.0, help="minutes of search")
+    search.add_argument("--max-candidates", type=int, default=200,
+                        help="kernels evaluated in all, across sites")
+    search.add_argument("--sites", type=int, default=5, help="how many of the hottest sites")
+    search.add_argument("--tiers", default="triton,cuda",
+                        help="comma-separated: triton, cuda (cuda needs a GPU)")
+    search.add_argument("--cuda-share", type=float, default=0.10,
+                        help="a site still holding this share of the model time gets CUDA")
+    search.add_argument("--generator", default="rules",
+                        help="who writes kernels: rules (offline), llm, or rules,llm in one "
+                        "tree (default: rules)")
+    search.add_argument("--site-compile", action=argparse.BooleanOptionalAction, default=True,
+                        help="time each searched site under torch.compile too, and measure "
+                        "kernels against the faster of eager and compiled (default: on)")
+    search.add_argument("--e2e", action=argparse.BooleanOptionalAction, default=True,
+                        help="install the winners in the model, check it on fresh inputs and "
+                        "time it against eager and torch.compile (default: on)")
+    search.add_argument("--feedback", action=argparse.BooleanOptionalAction, default=True,
+                        help="steer the generators with each kernel's diagnosis (compiler "
+                        "report, timing, hardware counters); off, they see verdicts and "
+                        "timings only and no counters are read (default: on)")
+    search.add_argument("--counters", type=int, metavar="K",
+                        help="read Nsight Compute hardware counters for each site's K best "
+                        "kernels, about 9 s each (default: 1 on a GPU, 0 on the CPU)")
+    search.add_argument("--strategy", choices=["uct", "random"], default="uct",
+                        help="how a site's tree is grown: UCT (default), or expanding a node "
+                        "drawn at random, the baseline to compare the search against")
+    llm = parser.add_argument_group("LLM generator (--generator llm or rules,llm)")
+    llm.add_argument("--llm-model", default=os.environ.get("KILN_LLM_MODEL", "gpt-4o"),
+                     help="model name at the endpoint (default: $KILN_LLM_MODEL, else gpt-4o)")
+    llm.add_argument("--llm-base-url",
+                     help="OpenAI-compatible endpoint, e.g. http://localhost:8000/v1 "
+                     "(default: $OPENAI_BASE_URL, else OpenAI); the key is $OPENAI_API_KEY")
+    llm.add_argument("--llm-temperature", type=float, default=0.7)
+    llm.add_argument("--llm-max-tokens", type=int, default=8192, help="per reply")
+    llm.add_argument("--llm-timeout", type=float, default=300.0,
+                     help="seconds per request before it is retried")
+    llm.add_argument("--llm-concurrency", type=int, default=4, help="requests in flight")
+    search.add_argument("--db", type=Path, default=Path(os.environ.get("KILN_DB", "kiln.db")),
+                        help="the kernel store (default: $KILN_DB, else ./kiln.db)")
+    search.add_argument("--workers", type=int, default=2,
+                        help="evaluation worker processes in all, spread over the GPUs round "
+                        "robin (local executor)")
+    search.add_argument("--gpus", help="comma-separated GPU indices the workers run on, e.g. "
+                        "0,1 (default: every visible GPU; local executor)")
+    search.add_argument("--executor", choices=["local", "ray"], default="local",
+                        help="where candidates are judged: worker processes on this machine "
+                        "(default), or Ray tasks, one GPU each, on a cluster")
+    search.add_argument("--ray-address", metavar="ADDR",
+                        help="the Ray cluster to join, e.g. auto or ray://head:10001 "
+                        "(default: start Ray on this machine)")
+    search.add_argument("--resume", type=int, metavar="RUN",
+                        help="continue an interrupted run of the store (its model and settings)")
+    args = parser.parse_args(argv)
+    if args.resume is not None:
+        _settings_of_run(args)
+    if args.model is None:
+        raise KilnInputError("no MODEL given", "name a model, or --resume RUN from the store")
+    tiers = tuple(t.strip() for t in args.tiers.split(",") if t.strip())
+    unknown = [t for t in tiers if t not in TIERS]
+    if unknown or not tiers:
+        raise KilnInputError(f"unknown tier(s) in --tiers {args.tiers!r}",
+                             "pass --tiers triton, --tiers cuda or --tiers triton,cuda")
+    args.tiers = tiers
+    args.generator = _generators(args)
+    args.gpus = _gpus(args)
+    if args.max_candidates < 1 or args.sites < 1 or args.workers < 1 or args.budget <= 0:
+        raise KilnInputError("--budget, --max-candidates, --sites and --workers must be "
+                             "positive", "pass positive numbers")
+    if args.counters is None:
+        # Each read re-judges the kernel and runs ncu: 9 s alone on an H200, up to 30 s when
+        # runs share the GPU. With the best 3 read, the feedback arm of the A/B benchmark judged
+        # half the kernels the no-feedback arm did in the same minutes; the best one suffices
+        # to steer the children of the kernel the search expands most.
+        args.counters = 1 if args.device == "cuda" else 0
+    if args.counters < 0:
+        raise KilnInputError(f"--counters {args.counters} is negative",
+                             "pass how many of each site's best kernels to profile, e.g. 3")
+    if args.trials < 1 or args.warmup < 0 or args.batch < 1 or args.seq_len < 1:
+        raise KilnInputError("--trials, --batch and --seq-len must be positive, --warmup >= 0",
+                             "pass positive counts")
+    peaks = GpuPeaks()
+    if args.bandwidth != 4.3 or args.matrix_tflops:
+        matrix = dict(peaks.matrix_flops)
+        if args.matrix_tflops:
+            matrix[args.dtype or "fp32"] = args.matrix_tflops * 1e12
+        peaks = GpuPeaks("custom GPU", args.bandwidth * 1e12, matrix, peaks.vector_flops)
+    config = ListSitesConfig(
+        model=args.model, device=args.device, dtype=args.dtype, seed=args.seed, out=args.out,
+        shape=BuiltinShape(args.batch, args.seq_len, args.image_size),
+        profile=ProfileConfig(args.warmup, args.trials), peaks=peaks,
+        max_input_bytes=int(args.max_input_mb * 2**20), quiet=False,
+    )
+    return args, config
+
+
+def _gpus(args: argparse.Namespace) -> tuple[int, ...] | None:
+    """--gpus as indices; checks that --executor ray has Ray and no --gpus."""
+    if args.ray_address and args.executor != "ray":
+        raise KilnInputError("--ray-address was given without --executor ray",
+                             "add --executor ray, or drop --ray-address")
+    if args.executor == "ray":
+        from core.evaluate.ray_executor import import_ray
+
+        import_ray()
+    if args.gpus is None:
+        return None
+    if args.executor == "ray":
+        raise KilnInputError("--gpus picks GPUs of this machine; on Ray the cluster assigns "
+                             "them", "drop --gpus, or use --executor local")
+    names = [name.strip() for name in args.gpus.split(",") if name.strip()]
+    indices = [int(name) for name in names if name.isdigit()]
+    if not names or len(indices) < len(names) or len(set(indices)) < len(indices):
+        raise KilnInputError(f"--gpus {args.gpus!r} is not a list of distinct GPU indices",
+                             "pass indices separated by commas, e.g. --gpus 0,1")
+    if args.device != "cuda":
+        raise KilnInputError("--gpus was given, but the run is on the CPU",
+                             "drop --gpus, or run with --device cuda on a GPU machine")
+    return tuple(indices)
+
+
+def _generators(args: argparse.Namespace) -> tuple[str, ...]:
+    names = tuple(g.strip() for g in args.generator.split(",") if g.strip())
+    if not names or any(g not in GENERATORS for g in names) or len(set(names)) < len(names):
+        raise KilnInputError(f"unknown --generator {args.generator!r}",
+                             "pass --generator rules, llm or rules,llm")
+    if "llm" in names:
+        if args.llm_concurrency < 1 or args.llm_max_tokens < 1 or args.llm_timeout <= 0:
+            raise KilnInputError("--llm-concurrency, --llm-max-tokens and --llm-timeout must "
+                                 "be positive", "pass positive numbers")
+        local = args.llm_base_url or os.environ.get("OPENAI_BASE_URL")
+        if not local and not os.environ.get("OPENAI_API_KEY"):
+            raise KilnInputError(
+                "--generator llm needs an endpoint: neither OPENAI_API_KEY nor a base URL is set",
+                "export OPENAI_API_KEY for OpenAI, or pass --llm-base-url (or set "
+                "OPENAI_BASE_URL) for a local vLLM, Ollama or LM Studio server")
+    return names
+
+
+def _settings_of_run(args: argparse.Namespace) -> None:
+    """On --resume, the model and profiling settings come from the run being resumed."""
+    if args.list_sites:
+        raise KilnInputError("--resume continues a search; --list-sites only profiles",
+                             "drop one of them")
+    with open_reader(args.db) as reader:
+        run = reader.run(args.resume)
+    if args.model is not None and args.model != run.model_spec:
+        raise KilnInputError(f"run {run.id} optimized {run.model_spec}, not {args.model}",
+                             f"drop MODEL, or resume a run of {args.model}")
+    settings = run.config
+    args.model = run.model_spec
+    for name in ("device", "dtype", "seed", "batch", "seq_len", "image_size", "sites",
+                 "cuda_share", "generator", "llm_model", "strategy", "feedback", "counters"):
+        if name in settings:
+            setattr(args, name, settings[name])
+    args.out = Path(settings.get("out", args.out))
+    args.tiers = ",".join(settings.get("tiers", args.tiers.split(",")))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, config = _parse(argv)
+    if args.list_sites:
+        report = list_sites(config)
+        if args.json:
+            print(json.dumps(report, indent=2))
+        else:
+            print_site_table(report)
+        return 0
+    tiers = args.tiers
+    progress = Progress()
+    if args.device == "cpu" and "cuda" in tiers:
+        progress.step("the CUDA tier needs a GPU: searching Triton kernels only, under the "
+                      "Triton interpreter (CPU timings)")
+        tiers = tuple(t for t in tiers if t != "cuda") or ("triton",)
+    run = OptimizeRun(OptimizeConfig(
+        profile=replace(config, quiet=args.json), db=args.db, budget_minutes=args.budget,
+        max_candidates=args.max_candidates, sites=args.sites, tiers=tiers,
+        cuda_share=args.cuda_share, workers=args.workers, gpus=args.gpus,
+        executor=args.executor, ray_address=args.ray_address,
+        search=SearchConfig(seed=args.seed, strategy=args.strategy),
+        site_compile=args.site_compile, e2e=args.e2e, feedback=args.feedback,
+        counters=args.counters,
+        generators=args.generator,
+        llm=LlmConfig(model=args.llm_model, base_url=args.llm_base_url,
+                      temperature=args.llm_temperature, max_tokens=args.llm_max_tokens,
+                      timeout_s=args.llm_timeout, concurrency=args.llm_concurrency)),
+        progress)
+    report = run.execute(resume=args.resume)
+    slug = Path(report["sites"][0]["problem"]).parents[2].name if report["sites"] else "model"
+    report["report_md"] = str(write_markdown_report(report, args.out / slug / "report.md"))
+    progress.step(f"report written to {report['report_md']}")
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_site_table(report)
+        print_search_table(report)
+    return 0
+

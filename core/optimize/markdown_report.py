@@ -1,0 +1,66 @@
+"""The optimize run's report as a Markdown file: sites, winners, and the end-to-end result."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from core.optimize.e2e import correctness_text
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None or value == float("inf") else f"{value:.4f}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def markdown_report(report: dict) -> str:
+    timing = report["timing"]
+    lines = [f"# Kiln: {report['model']}", "",
+             f"Run {report['run_id']} in `{report['db']}`; dtype {report['dtype']}, device "
+             f"{report['device']}, timing: {timing}. Model time {report['total_ms']:.3f} ms eager, "
+             f"{report['captured_ms']:.3f} ms as captured; floors against {report['floor_gpu']}.",
+             ""]
+    e2e = report.get("e2e")
+    if e2e:
+        verdict = correctness_text(e2e, wrong="**wrong**")
+        lines += ["## End to end", "",
+                  f"{len(e2e['installed'])} kernel(s) installed, every other op run by "
+                  f"{e2e['rest']}; {verdict}. Timing: {e2e['timing'].upper()}.", ""]
+        lines += _table(
+            ["eager ms", "torch.compile ms", "Kiln ms", "vs eager", "vs torch.compile",
+             "predicted (Amdahl) vs eager"],
+            [[f"{e2e['eager_ms']:.4f}", f"{e2e['compile_ms']:.4f}", f"{e2e['optimized_ms']:.4f}",
+              f"{e2e['speedup_vs_eager']:.2f}x", f"{e2e['speedup_vs_compile']:.2f}x",
+              f"{e2e['predicted_speedup']:.2f}x"]])
+        if e2e["removed"]:
+            lines += ["", "Kernels taken out:", ""]
+            lines += [f"- `{key}`: {why}" for key, why in e2e["removed"].items()]
+        if e2e.get("untraceable"):
+            lines += ["", "Kernels called through their custom op (inductor could not trace "
+                      "them):", ""]
+            lines += [f"- `{key}`: {why}" for key, why in e2e["untraceable"].items()]
+        lines.append("")
+    lines += ["## Searched sites", "",
+              "Speedup against the faster of the site's eager and torch.compile times.", ""]
+    lines += _table(
+        ["site", "evaluations", "eager ms", "compile ms", "winner", "best ms", "speedup",
+         "note"],
+        [[f"`{s['id']}`", str(s["evaluations"]), _ms(s.get("eager_ms")),
+          _ms(s.get("compile_ms")), s["best"]["tier"], _ms(s["best"]["latency_ms"]),
+          f"{s['best']['speedup']:.2f}x", s["declined"]] for s in report["searched"]])
+    lines += ["", "## All sites", ""]
+    lines += _table(
+        ["site", "family", "share", "time ms", "floor ms", "calls", "signature"],
+        [[f"`{s['id']}`", s["family"], f"{s['share']:.1%}", f"{s['time_ms']:.4f}",
+          f"{s['floor_ms']:.4f}", str(s["calls"]), s["signature"].replace("|", "\\|")]
+         for s in report["sites"]])
+    return "\n".join(lines) + "\n"
+
+
+def write_markdown_report(report: dict, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(markdown_report(report))
+    return path

@@ -1,0 +1,42 @@
+"""After an optimize run: each searched site's best kernel, and the end-to-end result."""
+
+from __future__ import annotations
+
+import sys
+
+from core.optimize.e2e import correctness_text
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None or value == float("inf") else f"{value:.4f}"
+
+
+def print_search_table(report: dict, out=sys.stdout) -> None:
+    """Each searched site's best kernel after an optimize run, and the end-to-end result."""
+    print(f"\nrun {report['run_id']} in {report['db']}: best kernel per searched site "
+          "(speedup against the faster of eager and torch.compile)", file=out)
+    print(f"{'site':<28} {'evals':>5} {'eager ms':>9} {'compile ms':>10} {'tier':>7} "
+          f"{'best ms':>9} {'speedup':>8}  note", file=out)
+    for site in report["searched"]:
+        best = site["best"]
+        print(f"{site['id']:<28} {site['evaluations']:>5} {_ms(site.get('eager_ms')):>9} "
+              f"{_ms(site.get('compile_ms')):>10} {best['tier']:>7} {_ms(best['latency_ms']):>9} "
+              f"{best['speedup']:8.2f}  {site['declined']}", file=out)
+    e2e = report.get("e2e")
+    if e2e:
+        print_end_to_end(e2e, out)
+
+
+def print_end_to_end(e2e: dict, out=sys.stdout) -> None:
+    verdict = correctness_text(e2e, wrong="WRONG")
+    print(f"\nend to end ({e2e['timing'].upper()} timing): the model with "
+          f"{len(e2e['installed'])} kernel(s) installed, the rest {e2e['rest']}: {verdict}",
+          file=out)
+    print(f"{'eager ms':>10} {'compile ms':>11} {'Kiln ms':>10} {'vs eager':>9} "
+          f"{'vs compile':>11} {'predicted':>10}", file=out)
+    print(f"{e2e['eager_ms']:10.4f} {e2e['compile_ms']:11.4f} {e2e['optimized_ms']:10.4f} "
+          f"{e2e['speedup_vs_eager']:8.2f}x {e2e['speedup_vs_compile']:10.2f}x "
+          f"{e2e['predicted_speedup']:9.2f}x", file=out)
+    for key, why in e2e["removed"].items():
+        print(f"  {key} taken out: {why}", file=out)
+

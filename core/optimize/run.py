@@ -1,0 +1,441 @@
+"""One optimize run: profile the model, search the sites that matter, record everything.
+
+Sites are searched in rounds; each round gives one batch of evaluations to the site with the
+most to gain: its share of the model's time, times its headroom above the roofline floor,
+discounted by the evaluations it has had. A site's Triton phase settles when its search
+stops; if it still holds at least `cuda_share` of the model's remaining time, the CUDA tier
+joins the same tree, seeded from its best Triton kernel. Every candidate and verdict is
+written to the store the moment it exists.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from core.evaluate import EvalConfig, Evaluator, Verdict
+from core.evaluate.site_baseline import time_site
+from core.optimize.e2e import EndToEnd, EndToEndCheck, SiteGain
+from core.profile.pipeline import ListSitesConfig, ProfiledModel, profile_sites
+from core.profile.progress import Progress
+from core.profile.sites import Site
+from core.runtime.errors import KilnInputError
+from core.runtime.guarded import SiteKernel
+from core.search.best_counters import profile_best
+from core.search.tree import Node, SearchConfig, SiteSearch
+from generators.base import Feedback, Generator, Parent, Proposal, Proposals, Repairer
+from generators.llm.config import LlmCall, LlmConfig
+from generators.mixed import MixedGenerator
+from generators.rules import RulesGenerator
+from store import Candidate, Store
+
+if TYPE_CHECKING:
+    from core.evaluate.ray_executor import RayEvaluator
+
+
+@dataclass(frozen=True)
+class OptimizeConfig:
+    profile: ListSitesConfig
+    db: Path = Path("kiln.db")
+    budget_minutes: float = 10.0
+    max_candidates: int = 200
+    sites: int = 5
+    tiers: tuple[str, ...] = ("triton", "cuda")
+    cuda_share: float = 0.10
+    workers: int = 1
+    gpus: tuple[int, ...] | None = None  # local executor: GPUs to spread workers over; None: all
+    executor: str = "local"  # "local": worker processes here; "ray": Ray tasks on a cluster
+    ray_address: str | None = None  # None: start a Ray instance on this machine
+    search: SearchConfig = SearchConfig()
+    generators: tuple[str, ...] = ("rules",)  # "rules", "llm" or both, in one tree
+    llm: LlmConfig = LlmConfig()
+    site_compile: bool = True  # time each searched site under torch.compile as well as eager
+    e2e: bool = True  # install the winners and check and time the whole model
+    # Diagnoses (from kernel reports, timing and counters) steer the generators; off, they see
+    # only verdicts and timings.
+    feedback: bool = True
+    counters: int = 0  # per site, the best kernels to read hardware counters for (0: none)
+
+
+@dataclass(eq=False)
+class SiteRun:
+    site: Site
+    site_id: int
+    search: SiteSearch
+    tiers: tuple[str, ...]
+    verdicts: dict[int, Verdict] = field(default_factory=dict)  # by id() of the proposal
+    stored: dict[int, Verdict] = field(default_factory=dict)  # by candidate id
+    profiled: set[int] = field(default_factory=set)  # candidate ids with counters
+    eager_ms: float | None = None
+    compile_ms: float | None = None
+
+    def note_baseline(self, eager_ms: float | None, compile_ms: float | None = None) -> None:
+        """The site's PyTorch times; the search measures kernels against the faster.
+
+        Eager comes from the first verdict that timed it, unless measured beside compile.
+        """
+        if compile_ms is not None:
+            self.compile_ms = compile_ms
+        if eager_ms and self.eager_ms is None:
+            self.eager_ms = eager_ms
+        times = [t for t in (self.eager_ms, self.compile_ms) if t]
+        if times and not math.isfinite(self.search.baseline_ms):
+            self.search.baseline_ms = min(times)
+
+    @property
+    def winner(self) -> SiteGain | None:
+        """The site's best kernel, if it beats the site's baseline."""
+        best = self.search.best
+        if best is None or best.latency_ms >= self.search.baseline_ms or not self.eager_ms:
+            return None
+        kernel = SiteKernel(self.site.key, best.proposal.source, self.site.problem.source)
+        return SiteGain(kernel, self.site.time_ms, self.eager_ms / best.latency_ms)
+
+    @property
+    def headroom(self) -> float:
+        """How far above its floor the site's best is, in (0, 1]."""
+        floor = self.site.cost.floor_ms
+        best = self.search.best_ms
+        return max(0.0, 1.0 - floor / best) if best > 0 else 0.0
+
+
+def feedback_of(verdict: Verdict, floor_ms: float, diagnosis: bool = True) -> Feedback:
+    return Feedback(accepted=verdict.accepted, reason=verdict.reason,
+                    latency_ms=verdict.latency_ms, baseline_ms=verdict.baseline_ms,
+                    floor_ms=floor_ms, compile_log=verdict.compile_log,
+                    diagnosis=verdict.diagnosis if diagnosis else "")
+
+
+def _versions() -> dict[str, str]:
+    import triton
+
+    return {"torch": torch.__version__, "triton": triton.__version__,
+            "python": platform.python_version(), "cuda": str(torch.version.cuda)}
+
+
+def _gpu(device: str) -> str:
+    return torch.cuda.get_device_name() if device == "cuda" else "cpu"
+
+
+class OptimizeRun:
+    def __init__(self, config: OptimizeConfig, progress: Progress) -> None:
+        self.config = config
+        self.progress = progress
+        self.store = Store.open(config.db, create=True)
+        self.run_id: int | None = None
+        self.site_of_problem: dict[Path, int] = {}
+        self.generator = self._generator()
+        self.started = time.perf_counter()
+        self.evaluated = 0
+
+    def _generator(self) -> Generator:
+        made: list[Generator] = []
+        for name in self.config.generators:
+            if name == "rules":
+                made.append(RulesGenerator())
+            elif name == "llm":
+                from generators.llm.generator import (
+                    LLMGenerator,  # the OpenAI SDK only when asked for
+                )
+
+                made.append(LLMGenerator(self.config.llm, record=self._record_call,
+                                         notify=self.progress.step,
+                                         peaks=self.config.profile.peaks))
+            else:
+                raise KilnInputError(f"unknown generator {name!r}",
+                                     "pass --generator rules, llm or rules,llm")
+        return made[0] if len(made) == 1 else MixedGenerator(made)
+
+    def _record_call(self, problem: Path, call: LlmCall) -> int:
+        return self.store.add_llm_call(
+            self.run_id, model=call.model, prompt=call.prompt, reply=call.reply,
+            prompt_tokens=call.prompt_tokens, completion_tokens=call.completion_tokens,
+            latency_ms=call.latency_ms, cost_usd=call.cost_usd,
+            site_id=self.site_of_problem.get(problem.resolve()), error=call.error)
+
+    def _evaluator(self, eval_config: EvalConfig) -> Evaluator | RayEvaluator:
+        if self.config.executor == "ray":
+            from core.evaluate.ray_executor import RayEvaluator  # Ray only when asked for
+
+            return RayEvaluator(eval_config, self.config.ray_address)
+        return Evaluator(eval_config, workers=self.config.workers)
+
+    def _site_run(self, site: Site, site_id: int, evaluator: Evaluator | RayEvaluator
+                  ) -> SiteRun:
+        problem = site.folder / "problem.py"
+        self.site_of_problem[problem.resolve()] = site_id
+        holder: dict[str, SiteRun] = {}
+
+        def propose(parent: Parent | None, n: int) -> Proposals:
+            return self.generator.propose(problem, parent, n, holder["run"].tiers)
+
+        def evaluate(proposals: list[Proposal]) -> list[Feedback]:
+            run = holder["run"]
+            verdicts = evaluator.evaluate_many([(problem, p.source) for p in proposals])
+            for proposal, verdict in zip(proposals, verdicts, strict=True):
+                run.verdicts[id(proposal)] = verdict
+                run.note_baseline(verdict.baseline_ms)
+            return [feedback_of(v, site.cost.floor_ms, self.config.feedback) for v in verdicts]
+
+        def record(node: Node) -> None:
+            run = holder["run"]
+            parent = node.parent.candidate_id if node.parent is not None else None
+            proposal = node.proposal
+            with self.store.batch():
+                new = self.store.add_candidate(
+                    site_id, parent_id=parent, tier=proposal.tier,
+                    generator=proposal.generator, rationale=proposal.rationale,
+                    source=proposal.source, settings=proposal.settings,
+                    llm_call_id=proposal.llm_call_id)
+                node.candidate_id = new.id
+                run.stored[new.id] = run.verdicts.pop(id(proposal))
+                self.store.add_verdict(new.id, run.stored[new.id])
+
+        repairable = self.generator.can_repair if isinstance(self.generator, Repairer) \
+            else None
+        search = SiteSearch(math.inf, site.cost.floor_ms, propose, evaluate, record,
+                            self.config.search, repairable)
+        run = SiteRun(site, site_id, search, ("triton",))
+        holder["run"] = run
+        return run
+
+    def _priority(self, run: SiteRun, total_ms: float) -> float:
+        share = run.site.time_ms / total_ms if total_ms > 0 else 0.0
+        return share * max(run.headroom, 1e-3) / math.sqrt(1 + run.search.evaluations)
+
+    def _out_of_budget(self) -> bool:
+        minutes = (time.perf_counter() - self.started) / 60
+        return (self.evaluated >= self.config.max_candidates
+                or minutes >= self.config.budget_minutes)
+
+    def _maybe_add_cuda(self, run: SiteRun, total_ms: float) -> bool:
+        """Open the CUDA tier for a settled site that still holds a large share."""
+        if "cuda" not in self.config.tiers or "cuda" in run.tiers:
+            return False
+        if not math.isfinite(run.search.baseline_ms) or total_ms <= 0:
+            return False
+        remaining_ms = run.site.time_ms * run.search.best_ms / run.search.baseline_ms
+        if remaining_ms / total_ms < self.config.cuda_share:
+            return False
+        run.tiers = ("triton", "cuda")
+        run.search.stuck, run.search.since_best = False, 0
+        if run.search.best is not None:
+            run.search.best.exhausted = False  # CUDA drafts hang under the best Triton kernel
+        return True
+
+    def execute(self, resume: int | None = None) -> dict[str, object]:
+        """Run the search; with `resume`, continue that interrupted run of the store."""
+        config = self.config
+        state = self.store.resume_run(resume) if resume is not None else None
+        self.progress.step("profiling")
+        profiled = profile_sites(config.profile)
+        report = profiled.report
+        if state is None:
+            run_id = self.store.start_run(
+                model_spec=config.profile.model, model_hash=_model_hash(profiled),
+                gpu=_gpu(config.profile.device), versions=_versions(),
+                config=run_settings(config))
+            site_ids = self._add_sites(run_id, profiled)
+        else:
+            run_id = state.run.id
+            site_ids = {site.key: site.id for site in state.sites}
+            missing = [s.key for s in profiled.table.sites if s.key not in site_ids]
+            if missing:
+                raise KilnInputError(
+                    f"run {run_id}'s model no longer cuts into the same sites ({missing[0]} is "
+                    "new): it changed since the run started",
+                    "start a new run for the changed model")
+        self.run_id = run_id
+        total = float(report["captured_ms"])
+        chosen = sorted((s for s in profiled.table.sites if s.family != "other"),
+                        key=lambda s: -(s.time_ms * (1 - s.floor_ms / max(s.time_ms, 1e-9))))
+        chosen = chosen[: config.sites]
+        eval_config = EvalConfig(device=config.profile.device, gpus=config.gpus)
+        try:
+            with self._evaluator(eval_config) as evaluator:
+                runs = [self._site_run(s, site_ids[s.key], evaluator) for s in chosen]
+                stored = {s.id: s for s in state.sites} if state is not None else {}
+                self._baselines(runs, stored, eval_config)
+                if state is not None:
+                    self._restore(runs, state.candidates, evaluator)
+                self._search(runs, total, evaluator)
+            e2e = self._end_to_end(profiled, runs, total) if config.e2e else None
+        except BaseException:
+            self.store.finish_run(run_id, status="failed")
+            raise
+        finally:
+            close = getattr(self.generator, "close", None)
+            if close is not None:
+                close()
+        e2e_record = e2e.to_dict() if e2e is not None else None
+        self.store.finish_run(run_id, status="done", e2e=e2e_record)
+        return {**report, "run_id": run_id, "db": str(config.db),
+                "resumed": state is not None,
+                "searched": [self._site_result(r) for r in runs],
+                "sites": [self._with_best(s, runs) for s in report["sites"]],
+                "e2e": e2e_record}
+
+    def _baselines(self, runs: list[SiteRun], stored: dict[int, object],
+                   eval_config: EvalConfig) -> None:
+        """Each site's eager and compiled times, measured once (kept across a resume)."""
+        if not self.config.site_compile:
+            return
+        for run in runs:
+            site = stored.get(run.site_id)
+            if site is not None and site.compile_ms is not None:
+                run.note_baseline(site.eager_ms, site.compile_ms)
+                continue
+            self.progress.step(f"{run.site.key}: timing PyTorch eager and torch.compile")
+            baseline = time_site(run.site.folder / "problem.py", eval_config)
+            self.store.set_site_baselines(run.site_id, eager_ms=baseline.eager_ms,
+                                          compile_ms=baseline.compile_ms)
+            run.note_baseline(baseline.eager_ms, baseline.compile_ms)
+
+    def _end_to_end(self, profiled: ProfiledModel, runs: list[SiteRun],
+                    total_ms: float) -> EndToEnd:
+        """The winners installed in the model, checked and timed against eager and compile."""
+        torch._dynamo.reset()  # the capture's compiled graphs are not the ones to time
+        loaded = profiled.loaded
+        matrix = any(s.family in ("matmul", "conv", "attention") for s in profiled.table.sites)
+        check = EndToEndCheck(loaded.model, loaded.inputs, self.config.profile.device, matrix,
+                              self.progress)
+        return check.run(total_ms, [w for r in runs if (w := r.winner) is not None])
+
+    def _add_sites(self, run_id: int, profiled: ProfiledModel) -> dict[str, int]:
+        site_ids = {}
+        for record in profiled.report["sites"]:
+            site = next(s for s in profiled.table.sites if s.key == record["id"])
+            site_ids[site.key] = self.store.add_site(
+                run_id, key=site.key, family=site.family, signature=site.problem.signature,
+                ops=list(site.problem.ops), calls=site.calls, share=record["share"],
+                time_ms=site.time_ms, eager_ms=None, compile_ms=None, floor_ms=site.floor_ms,
+                problem_source=site.problem.source)
+        return site_ids
+
+    def _restore(self, runs: list[SiteRun], stored: list[Candidate],
+                 evaluator: Evaluator | RayEvaluator) -> None:
+        """Hang the stored candidates back in their trees; judge any the dead writer had not."""
+        by_site = {run.site_id: run for run in runs}
+        nodes: dict[int, Node] = {}
+        for candidate in sorted(stored, key=lambda c: c.id):
+            self.evaluated += 1
+            run = by_site.get(candidate.summary.site_id)
+            if run is None:
+                continue
+            problem = run.site.folder / "problem.py"
+            proposal = Proposal(candidate.source, candidate.summary.tier,
+                                candidate.summary.generator, candidate.summary.rationale,
+                                candidate.settings or {})
+            self.generator.remember(problem, candidate.source)
+            if candidate.verdict is None:
+                verdict = evaluator.evaluate(problem, candidate.source)
+                self.store.add_verdict(candidate.id, verdict)
+            else:
+                verdict = Verdict.from_dict(candidate.verdict)
+            feedback = feedback_of(verdict, run.site.cost.floor_ms, self.config.feedback)
+            run.note_baseline(verdict.baseline_ms)
+            run.stored[candidate.id] = verdict
+            if verdict.counters is not None:
+                run.profiled.add(candidate.id)
+            parent = nodes.get(candidate.summary.parent_id, run.search.root)
+            nodes[candidate.id] = run.search.adopt(parent, proposal, feedback, candidate.id)
+            if proposal.tier == "cuda":
+                run.tiers = ("triton", "cuda")
+
+    def _counters(self, run: SiteRun, evaluator: Evaluator | RayEvaluator) -> None:
+        """Hardware counters for the site's best few kernels, once each."""
+        if not (self.config.counters and self.config.feedback):
+            return
+        problem = run.site.folder / "problem.py"
+        verdicts = profile_best(
+            run.search, self.config.counters, run.profiled, run.stored,
+            lambda nodes: evaluator.evaluate_many(
+                [(problem, n.proposal.source) for n in nodes], counters=True),
+            self.store.add_verdict)
+        read = [v for v in verdicts if v.counters and v.counters["kernels"]]
+        if read:
+            self.progress.step(f"{run.site.key}: hardware counters read for {len(read)} of its "
+                               "best kernels")
+        if len(read) < len(verdicts):
+            missing = next(v for v in verdicts if v not in read)
+            notes = (missing.counters or {}).get("notes") or ["(no note)"]
+            self.progress.step(f"{run.site.key}: no hardware counters for "
+                               f"{len(verdicts) - len(read)} kernel(s): {notes[0]}")
+
+    def _search(self, runs: list[SiteRun], total_ms: float,
+                evaluator: Evaluator | RayEvaluator) -> None:
+        while not self._out_of_budget():
+            for run in runs:
+                if run.search.done:
+                    self._maybe_add_cuda(run, total_ms)
+            open_runs = [r for r in runs if not r.search.done]
+            if not open_runs:
+                return
+            run = max(open_runs, key=lambda r: self._priority(r, total_ms))
+            limit = self.config.max_candidates - self.evaluated
+            done = run.search.step(limit=limit)
+            self.evaluated += done
+            self._counters(run, evaluator)
+            best = run.search.best
+            speed = run.search.baseline_ms / best.latency_ms if best else 1.0
+            self.progress.step(
+                f"{run.site.key}: {run.search.evaluations} evaluated, best "
+                + (f"{speed:.2f}x ({best.proposal.tier})" if best else "PyTorch (1.00x)")
+                + (f"; no kernels: {run.search.declined}"
+                   if run.search.declined and not run.search.evaluations else ""))
+
+    @staticmethod
+    def _site_result(run: SiteRun) -> dict[str, object]:
+        best = run.search.best
+        baseline = run.search.baseline_ms
+        return {
+            "id": run.site.key,
+            "evaluations": run.search.evaluations,
+            # Why the generator wrote nothing at all; once it has, running out of drafts is
+            # the normal end of the root's widening, not news.
+            "declined": run.search.declined if run.search.evaluations == 0 else "",
+            "eager_ms": run.eager_ms,
+            "compile_ms": run.compile_ms,
+            "best": {
+                "candidate_id": best.candidate_id if best else None,
+                "tier": best.proposal.tier if best else "torch",
+                "latency_ms": best.latency_ms if best else baseline,
+                "speedup": baseline / best.latency_ms if best else 1.0,
+                "speedup_vs_eager": (run.eager_ms / best.latency_ms if best and run.eager_ms
+                                     else 1.0),
+                "depth": best.depth if best else 0,
+            },
+        }
+
+    def _with_best(self, record: dict, runs: list[SiteRun]) -> dict[str, object]:
+        searched = next((r for r in runs if r.site.key == record["id"]), None)
+        if searched is None:
+            return {**record, "best": {"candidate_id": None, "tier": "torch",
+                                       "latency_ms": None, "speedup": 1.0}}
+        return {**record, **self._site_result(searched)}
+
+
+def run_settings(config: OptimizeConfig) -> dict[str, object]:
+    """What a run was started with: enough to profile the model again on resume."""
+    profile = config.profile
+    return {"device": profile.device, "dtype": profile.dtype, "seed": profile.seed,
+            "batch": profile.shape.batch, "seq_len": profile.shape.seq_len,
+            "image_size": profile.shape.image_size, "out": str(profile.out),
+            "tiers": list(config.tiers), "sites": config.sites,
+            "budget_minutes": config.budget_minutes, "max_candidates": config.max_candidates,
+            "cuda_share": config.cuda_share, "search_seed": config.search.seed,
+            "strategy": config.search.strategy, "feedback": config.feedback,
+            "counters": config.counters,
+            "generator": ",".join(config.generators), "llm_model": config.llm.model}
+
+
+def _model_hash(profiled: ProfiledModel) -> str:
+    text = "\n".join(sorted(s.key for s in profiled.table.sites))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

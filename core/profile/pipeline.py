@@ -1,0 +1,67 @@
+"""Profiling a model into a site table: load, capture, cut into sites, time, write problems."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from core.profile.in_situ import ProfileConfig, profile_model
+from core.profile.load import BuiltinShape, LoadedModel, check_runs, load_model, resolve_device
+from core.profile.progress import Progress
+from core.profile.roofline import GpuPeaks
+from core.profile.site_table import ranked, site_report
+from core.profile.sites import SiteTable, find_sites, write_site_folder
+from core.runtime.capture import capture
+
+
+@dataclass(frozen=True)
+class ListSitesConfig:
+    model: str
+    device: str
+    dtype: str | None = None
+    seed: int = 0
+    out: Path = Path("kiln-out")
+    shape: BuiltinShape = BuiltinShape()
+    profile: ProfileConfig = ProfileConfig()
+    peaks: GpuPeaks = GpuPeaks()
+    max_input_bytes: int = 256 * 2**20
+    quiet: bool = False
+
+
+@dataclass
+class ProfiledModel:
+    """A loaded model cut into sites, profiled, with its site problems written."""
+
+    loaded: LoadedModel
+    table: SiteTable
+    report: dict[str, object]
+
+
+def profile_sites(config: ListSitesConfig) -> ProfiledModel:
+    """Load, capture, cut into sites, profile and write the site problems."""
+    progress = Progress(enabled=not config.quiet)
+    device = resolve_device(config.device)
+    progress.step(f"loading {config.model}")
+    loaded = load_model(config.model, device, config.dtype, config.seed, config.shape)
+    check_runs(loaded, config.dtype)
+    progress.step("capturing graphs through torch.compile")
+    captured = capture(loaded.model, loaded.inputs, device)
+    table = find_sites(captured, config.peaks)
+    progress.step(f"{len(captured.graphs)} graph(s), {len(table.sites)} site(s); profiling")
+    profile = profile_model(loaded, captured, table, config.profile,
+                            progress.bar("profiling forwards"))
+    folder = config.out / loaded.name / "sites"
+    for site in ranked(table):
+        write_site_folder(site, folder, config.max_input_bytes)
+    progress.step(f"site problems written under {folder}")
+    dtype = config.dtype or str(next(loaded.model.parameters(), torch.empty(0)).dtype)
+    report = site_report(config.model, dtype, device.type, profile, table,
+                         len(captured.graphs), config.peaks.name)
+    return ProfiledModel(loaded, table, report)
+
+
+def list_sites(config: ListSitesConfig) -> dict[str, object]:
+    """Everything `--list-sites` does; returns the JSON report."""
+    return profile_sites(config).report

@@ -1,0 +1,326 @@
+"""Cutting a captured graph into regions: the fusible pieces that become sites.
+
+A region is a convex set of nodes of one graph (no path leaves it and comes back), so it can be
+replaced by a single call. Regions are grown greedily in graph order:
+- matmul, conv and attention ops anchor a region and take the elementwise ops that follow them
+  on their output's shape (the epilogue);
+- a reduction or norm anchors a region, swallows the pointwise chain of its input's shape that
+  feeds it (the prologue; a value others read too becomes a second output) and takes its
+  epilogue;
+- remaining elementwise ops (inference-mode batch norm among them: a per-channel affine map)
+  form maximal pointwise chains, across any broadcast;
+- every other op with tensor inputs is a one-node `other` region, kept with PyTorch;
+- views, aliases and identities belong to no region.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx as fx
+
+from .ops import OpKind, op_info, out_of_place
+
+FAMILY_OF_KIND = {
+    OpKind.POINTWISE: "pointwise",
+    OpKind.REDUCTION: "reduction",
+    OpKind.MATMUL: "matmul",
+    OpKind.CONV: "conv",
+    OpKind.ATTENTION: "attention",
+    OpKind.OTHER: "other",
+}
+_TAKES_EPILOGUE = {"pointwise", "reduction", "matmul", "conv", "attention"}
+_ORDER_PRESERVING = frozenset(
+    """view reshape flatten unflatten unsqueeze squeeze identity detach dropout alpha_dropout
+    feature_alpha_dropout dropout1d dropout2d dropout3d""".split()
+)
+
+
+@dataclass(eq=False)
+class Region:
+    """A convex set of nodes of one graph, in graph order, with what flows in and out."""
+
+    family: str
+    nodes: list[fx.Node] = field(default_factory=list)
+    inputs: list[fx.Node] = field(default_factory=list)  # values read from outside
+    outputs: list[fx.Node] = field(default_factory=list)  # values used outside
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A run of consecutive nodes in a region-contiguous order: one region, or kept ops."""
+
+    nodes: tuple[fx.Node, ...]
+    region: Region | None
+
+
+def functionalize_inplace(graph: fx.Graph) -> None:
+    """Turn in-place ops into out-of-place ones wherever nothing can observe the difference.
+
+    Safe when the mutated value is a fresh result of a compute op in this graph (not an input,
+    not a view of something else) and nothing reads it after the mutation.
+    """
+    position = {node: i for i, node in enumerate(graph.nodes)}
+    for node in graph.nodes:
+        if node.op not in ("call_function", "call_method"):
+            continue
+        info = op_info(node)
+        if not info.inplace or info.kind is not OpKind.POINTWISE or not node.args:
+            continue
+        target = node.args[0]
+        if not isinstance(target, fx.Node) or target.op not in ("call_function", "call_method"):
+            continue
+        producer = op_info(target)
+        if producer.inplace or producer.kind in (OpKind.VIEW, OpKind.OTHER):
+            continue
+        if all(position[user] <= position[node] for user in target.users):
+            out_of_place(node)
+
+
+def _ancestors(graph: fx.Graph) -> dict[fx.Node, frozenset[fx.Node]]:
+    result: dict[fx.Node, frozenset[fx.Node]] = {}
+    for node in graph.nodes:
+        acc: set[fx.Node] = set()
+        for parent in node.all_input_nodes:
+            acc.add(parent)
+            acc |= result[parent]
+        result[node] = frozenset(acc)
+    return result
+
+
+def _contiguous(node: fx.Node) -> bool:
+    value = node.meta.get("example_value")
+    return isinstance(value, torch.Tensor) and value.is_contiguous()
+
+
+def _same_shape(a: fx.Node, b: fx.Node) -> bool:
+    va, vb = a.meta.get("example_value"), b.meta.get("example_value")
+    return isinstance(va, torch.Tensor) and isinstance(vb, torch.Tensor) and va.shape == vb.shape
+
+
+def is_mutation(node: fx.Node) -> bool:
+    return node.op in ("call_function", "call_method") and op_info(node).inplace
+
+
+class _Grower:
+    """Grows regions in graph order.
+
+    A mutation left in the graph is a barrier: no region spans it, so running each region
+    in one piece keeps every read on its side of every write.
+    """
+
+    def __init__(self, graph: fx.Graph) -> None:
+        self.graph = graph
+        self.ancestors = _ancestors(graph)
+        self.region_of: dict[fx.Node, Region] = {}
+        self.regions: list[Region] = []
+        self.epoch = 0
+        self.epoch_of: dict[Region, int] = {}
+
+    def _new(self, family: str, node: fx.Node) -> Region:
+        region = Region(family=family, nodes=[node])
+        self.regions.append(region)
+        self.region_of[node] = region
+        self.epoch_of[region] = self.epoch
+        return region
+
+    def _open(self, region: Region | None) -> Region | None:
+        """`region` if nodes may still join it (no mutation since it began), else None."""
+        return region if region is not None and self.epoch_of[region] == self.epoch else None
+
+    def _depends_on(self, node: fx.Node, region: Region) -> bool:
+        return any(self.region_of.get(a) is region for a in self.ancestors[node])
+
+    def _convex_with(self, node: fx.Node, region: Region) -> bool:
+        """True when no other input of `node` reaches `region` through outside nodes."""
+        for parent in node.all_input_nodes:
+            if self.region_of.get(parent) is region:
+                continue
+            if self._depends_on(parent, region):
+                return False
+        return True
+
+    def add_pointwise(self, node: fx.Node) -> None:
+        for parent in node.all_input_nodes:
+            region = self._open(self.region_of.get(parent))
+            if region is None or region.family not in _TAKES_EPILOGUE:
+                continue
+            if region.family != "pointwise" and not _same_shape(node, parent):
+                continue
+            if self._convex_with(node, region):
+                region.nodes.append(node)
+                self.region_of[node] = region
+                self._absorb_chains(node, region)
+                return
+        self._absorb_chains(node, self._new("pointwise", node))
+
+    def _absorb_chains(self, node: fx.Node, region: Region) -> None:
+        """Merge the other pointwise chains `node` joins (`0.5 * x * (1 + tanh(...x...))`)."""
+        for parent in node.all_input_nodes:
+            other = self._open(self.region_of.get(parent))
+            if other is None or other is region or other.family != "pointwise":
+                continue
+            union = {*region.nodes, *other.nodes}
+            entries = {p for m in union for p in m.all_input_nodes if p not in union}
+            # Convex when nothing that flows in was itself computed from the union.
+            if any(self.ancestors[p] & union for p in entries):
+                continue
+            for m in other.nodes:
+                self.region_of[m] = region
+            region.nodes.extend(other.nodes)
+            self.regions.remove(other)
+
+    def add_reduction(self, node: fx.Node) -> None:
+        region = self._new("reduction", node)
+        for parent in node.all_input_nodes:
+            prologue = self._open(self.region_of.get(parent))
+            if prologue is None or prologue.family != "pointwise" or prologue is region:
+                continue
+            members = set(prologue.nodes)
+            # The row kernel applies the prologue per element of the reduced input; a value the
+            # prologue makes that others also read (a residual stream) becomes a second output.
+            same_shape = all(_same_shape(m, parent) for m in prologue.nodes)
+            others = [p for p in node.all_input_nodes if p not in members]
+            if same_shape and not any(self._depends_on(p, prologue) for p in others):
+                for m in prologue.nodes:
+                    self.region_of[m] = region
+                region.nodes[:0] = prologue.nodes
+                self.regions.remove(prologue)
+
+    def grow(self) -> list[Region]:
+        for node in self.graph.nodes:
+            if node.op not in ("call_function", "call_method"):
+                continue
+            info = op_info(node)
+            kind = info.kind
+            if info.inplace:
+                self.epoch += 1  # a mutation something may observe: kept, as written
+                continue
+            if kind is OpKind.POINTWISE:
+                self.add_pointwise(node)
+            elif kind is OpKind.REDUCTION:
+                self.add_reduction(node)
+            elif kind is OpKind.OTHER:
+                if any(isinstance(p.meta.get("example_value"), torch.Tensor)
+                       for p in node.all_input_nodes):
+                    self._new("other", node)
+            elif kind is OpKind.VIEW:
+                self.add_reshape(node, info.name)
+            else:
+                self._new(FAMILY_OF_KIND[kind], node)
+        for region in self.regions:
+            self._trim_reshapes(region)
+        return self.regions
+
+    def add_reshape(self, node: fx.Node, name: str) -> None:
+        """Carry a region through an order-preserving reshape, so its epilogue can follow.
+
+        `addmm(...).view(b, t, c) + residual` stays one region; a reshape nothing in the
+        region consumes is trimmed again at the end.
+        """
+        parents = node.all_input_nodes
+        if name not in _ORDER_PRESERVING or len(parents) != 1:
+            return
+        region = self._open(self.region_of.get(parents[0]))
+        if region is None or region.family not in _TAKES_EPILOGUE:
+            return
+        if _contiguous(parents[0]) and _contiguous(node):
+            region.nodes.append(node)
+            self.region_of[node] = region
+
+    def _trim_reshapes(self, region: Region) -> None:
+        while True:
+            members = set(region.nodes)
+            dangling = [n for n in region.nodes if op_info(n).kind is OpKind.VIEW
+                        and not any(u in members for u in n.users)]
+            if not dangling:
+                return
+            for node in dangling:
+                region.nodes.remove(node)
+                del self.region_of[node]
+
+
+def _seal(region: Region, order: dict[fx.Node, int]) -> None:
+    region.nodes.sort(key=order.__getitem__)
+    members = set(region.nodes)
+    inputs: dict[fx.Node, None] = {}
+    for node in region.nodes:
+        for parent in node.all_input_nodes:
+            if parent not in members:
+                inputs.setdefault(parent)
+    region.inputs = list(inputs)
+    region.outputs = [n for n in region.nodes if any(u not in members for u in n.users)]
+
+
+def partition(graph: fx.Graph) -> list[Region]:
+    """Functionalize safe in-place ops, then cut `graph` into regions (in graph order)."""
+    functionalize_inplace(graph)
+    regions = _Grower(graph).grow()
+    order = {node: i for i, node in enumerate(graph.nodes)}
+    for region in regions:
+        _seal(region, order)
+    regions.sort(key=lambda r: order[r.nodes[0]])
+    return regions
+
+
+def segments(graph: fx.Graph, regions: list[Region]) -> list[Segment]:
+    """The graph's compute nodes in an order where each region is contiguous.
+
+    Regions and the kept nodes between them are contracted into units and sorted
+    topologically, earliest original position first; convex regions make this a DAG.
+    Placeholders, get_attr and the output node are not part of any segment.
+    """
+    order = {node: i for i, node in enumerate(graph.nodes)}
+    unit_of: dict[fx.Node, int] = {}
+    units: list[tuple[fx.Node, ...]] = []
+    unit_region: list[Region | None] = []
+    for region in regions:
+        for node in region.nodes:
+            unit_of[node] = len(units)
+        units.append(tuple(region.nodes))
+        unit_region.append(region)
+    for node in graph.nodes:
+        if node.op in ("call_function", "call_method", "call_module") and node not in unit_of:
+            unit_of[node] = len(units)
+            units.append((node,))
+            unit_region.append(None)
+    deps: list[set[int]] = [set() for _ in units]
+    for index, nodes in enumerate(units):
+        for node in nodes:
+            for parent in node.all_input_nodes:
+                if parent in unit_of and unit_of[parent] != index:
+                    deps[index].add(unit_of[parent])
+    for barrier in (n for n in graph.nodes if is_mutation(n)):
+        # Keep every unit on its side of a mutation; the grower made no unit straddle one.
+        here = unit_of[barrier]
+        for index, nodes in enumerate(units):
+            if index == here:
+                continue
+            if order[nodes[0]] < order[barrier]:
+                deps[here].add(index)
+            else:
+                deps[index].add(here)
+    dependents: list[list[int]] = [[] for _ in units]
+    for index, needs in enumerate(deps):
+        for need in needs:
+            dependents[need].append(index)
+    waiting = [len(d) for d in deps]
+    ready = [(order[units[i][0]], i) for i in range(len(units)) if waiting[i] == 0]
+    heapq.heapify(ready)
+    result: list[Segment] = []
+    while ready:
+        _, index = heapq.heappop(ready)
+        region = unit_region[index]
+        if region is None and result and result[-1].region is None:
+            result[-1] = Segment(result[-1].nodes + units[index], None)
+        else:
+            result.append(Segment(units[index], region))
+        for child in dependents[index]:
+            waiting[child] -= 1
+            if waiting[child] == 0:
+                heapq.heappush(ready, (order[units[child][0]], child))
+    if sum(len(s.nodes) for s in result) != len(unit_of):
+        raise RuntimeError("regions are not convex: the contracted graph has a cycle")
+    return result

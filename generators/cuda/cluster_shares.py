@@ -1,0 +1,70 @@
+"""How a channel norm's sets split over a sm_90 thread-block cluster: the settings of the
+cluster kernel, each block's share of a set, and the steps its threads take over the share."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from generators.channel_site import ChannelNorm, channel_norm
+from generators.site_graph import SiteGraph
+
+# The most dynamic shared memory a block may opt into on sm_90 (227 KB), less the static part.
+SHARED_LIMIT = 227 * 1024 - 1024
+
+
+
+def held_limit(threads: int) -> int:
+    """Values a thread may hold in registers: at most 64, and 32 at 1024 threads, so that with
+    the kernel's own registers a block stays within an SM's 64 K without spilling."""
+    return min(64, 32 * 1024 // threads)
+
+
+def share_of(set_size: int, cluster: int, vec: int) -> int:
+    """A block's share of a set, in whole vectors."""
+    return -(-set_size // (cluster * vec)) * vec
+
+
+def steps_of(share: int, threads: int, vec: int) -> int:
+    """The vector steps a thread takes over a block's share."""
+    return -(-share // (threads * vec))
+
+
+@dataclass(frozen=True)
+class ClusterNormConfig:
+    # Blocks an SM follow the share a block holds: 8 × 256 at 16×512×64² group norm holds
+    # 32 KB a block, six blocks an SM; 2 × 256, one block an SM, ran 2.3x slower on an H200
+    # (bench/NOTES.md). The rules' drafts give the fastest settings per site.
+    cluster: int = 8  # blocks sharing one set of values
+    threads: int = 256  # per block
+    vector: int = 1  # values a thread moves per step: 4 = one 16-byte fp32 load a tensor
+    # Where the vector kernel keeps its share between the statistics and the output: "shared"
+    # memory, or "registers", every step's loads issued before the first is used.
+    held: str = "shared"
+
+    def describe(self) -> str:
+        moves = f", {self.vector}-value vectors" if self.vector > 1 else ""
+        where = "registers" if self.held == "registers" else "shared memory"
+        return (f"each set of values held in the {where} of a {self.cluster}-block "
+                f"cluster, {self.threads} threads a block{moves}")
+
+
+def set_sizes(norm: ChannelNorm) -> tuple[int, int]:
+    """(sets, values a set): a sample's group for group norm, a channel for batch norm."""
+    n, c, spatial = norm.site.shape[0], norm.site.shape[1], math.prod(norm.site.shape[2:])
+    return (n * norm.groups, c // norm.groups * spatial) if norm.groups else (c, n * spatial)
+
+
+def register_threads(graph: SiteGraph, cluster: int, most: int = 64,
+                     vector: int = 4) -> int | None:
+    """The fewest threads, in pairs of warps and at least 128, that hold a block's share in
+    registers at `most` values a thread or fewer; None where 1024 threads cannot. On an H200
+    (NOTES.md) group norm 16×512×64² took 0.0716 ms at 8 × 128 (64 a thread) and 0.0745 at
+    8 × 256 (32); batch norm 32×256×56² took 0.0600 at 8 × 320 (40 a thread) and 0.0630 at
+    8 × 256 (52), so the rules draft both 64 and 40. With the moments sent by st.async:
+    group norm 0.0679 at 8 × 128, 0.0688 at 8 × 256; batch norm 0.0547 at 8 × 320 searched."""
+    _, set_size = set_sizes(channel_norm(graph, ("group_norm", "batch_norm")))
+    share = share_of(set_size, cluster, vector)
+    threads = max(128, -(-share // (most * 64)) * 64)
+    held = steps_of(share, threads, vector) * vector
+    return threads if threads <= 1024 and held <= held_limit(threads) else None

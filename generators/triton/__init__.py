@@ -1,0 +1,1 @@
+"""Tier-1 kernels: Triton, written from the site's graph."""

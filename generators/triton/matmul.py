@@ -1,0 +1,338 @@
+"""Tier-1 Triton for `matmul` sites: one tiled `tl.dot` kernel with the epilogue on the tile.
+
+Each program owns a BLOCK_M × BLOCK_N tile of one matrix of the batch (program_id(1)). Tiles are
+visited in groups of GROUP_M rows so neighbouring programs share A and B tiles in L2. The K loop
+accumulates in fp32; the bias and every epilogue op run on the accumulator before one store.
+Order-preserving views (`addmm → view → gelu`) keep each element's linear position, so an
+epilogue input is read at the tile's (batch, m, n) through its strides after being broadcast to
+the shape at which it joins the chain.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from generators.codegen import BROADCAST_SHAPE_HELPER
+from generators.site_graph import Op, Ref, SiteGraph, Unsupported
+from generators.triton.expressions import elementwise, tl_dtype, with_jit_helpers
+
+# Views that change shape but keep the element order; emitted as the same tensor method.
+SHAPE_VIEWS = frozenset({"view", "reshape", "flatten", "unflatten", "unsqueeze", "squeeze"})
+# Identities in inference: the value passes through unchanged.
+IDENTITY_VIEWS = frozenset({"dropout", "alpha_dropout", "feature_alpha_dropout", "dropout1d",
+                            "dropout2d", "dropout3d", "identity", "detach", "contiguous"})
+FLOAT_DTYPES = ("torch.float32", "torch.float16", "torch.bfloat16")
+_EMPTY = "<empty placeholder>"  # marks a template line left with nothing; removed at the end
+
+
+@dataclass(frozen=True)
+class MatmulConfig:
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 32
+    group_m: int = 8
+    num_warps: int = 4
+    num_stages: int = 3
+    allow_tf32: bool = False  # fp32 operands through tf32 tensor cores (held to tf32 tolerance)
+
+    def describe(self) -> str:
+        precision = ", tf32" if self.allow_tf32 else ""
+        return (f"tiles {self.block_m}×{self.block_n}×{self.block_k}, GROUP_M {self.group_m}, "
+                f"{self.num_warps} warps, {self.num_stages} stages{precision}")
+
+
+_SOURCE = '''"""Kiln rules kernel (triton, matmul): {ops}. {config}."""
+
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def matmul_kernel(
+    a_ptr, b_ptr,
+{operand_params}
+{out_params}
+    M, N,
+    a_sb, a_sm, a_sk,
+    b_sb, b_sk, b_sn,
+{stride_params}
+    K: tl.constexpr,
+{flag_params}
+    WIDEN: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    # Grouped order: GROUP_M row tiles sweep the columns together, reusing B tiles in L2.
+    pid = tl.program_id(0)
+    batch = tl.program_id(1).to(tl.int64)
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * tiles_n
+    first_m = (pid // per_group) * GROUP_M
+    group_rows = tl.minimum(tiles_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_rows
+    pid_n = (pid % per_group) // group_rows
+
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    ks = tl.arange(0, BLOCK_K)
+    # Rows and columns past the edge wrap onto valid ones: loads stay unmasked in M and N.
+    a_tile = a_ptr + batch * a_sb + (rows % M)[:, None] * a_sm + ks[None, :] * a_sk
+    b_tile = b_ptr + batch * b_sb + ks[:, None] * b_sk + (cols % N)[None, :] * b_sn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        a = tl.load(a_tile, mask=ks[None, :] < K - k0, other=0.0)
+        b = tl.load(b_tile, mask=ks[:, None] < K - k0, other=0.0)
+        if WIDEN:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc{precision})
+        a_tile += BLOCK_K * a_sk
+        b_tile += BLOCK_K * b_sk
+
+    mask = (rows < M)[:, None] & (cols < N)[None, :]
+{loads}
+{body}
+    out_offsets = batch * M * N + rows[:, None] * N + cols[None, :]
+{stores}
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, {params}):
+{prepare}
+        assert a.dtype == b.dtype and a.dtype in ({dtypes}), (
+            f"the kernel takes two operands of one float dtype, got {{a.dtype}} and {{b.dtype}}")
+        batch, M, K = a.shape
+        N = b.shape[2]
+        assert max(M * max(K, 1), max(K, 1) * N, M * N) < 2**31, (
+            "one matrix of the batch must have fewer than 2**31 elements (32-bit offsets)")
+        assert batch < 65536, "the batch is launched as grid dimension 1, at most 65535"
+{allocs}
+{stages}
+{operands}
+        grid = (triton.cdiv(M, {block_m}) * triton.cdiv(N, {block_n}), batch)
+        matmul_kernel[grid](
+            a, b, {pointer_args},
+            M, N,
+            *a.stride(), *b.stride(),
+{stride_args}
+            # K is compile-time: the weight fixes it per site (one compile), and the Triton
+            # interpreter under NumPy 2.4 cannot loop to a bound passed at run time.
+            K=K,
+{flag_args}
+            # The Triton interpreter (CPU tensors) multiplies bf16 wrongly: widen to fp32 there.
+            WIDEN=a.device.type != "cuda",
+            BLOCK_M={block_m}, BLOCK_N={block_n}, BLOCK_K={block_k}, GROUP_M={group_m},
+            num_warps={num_warps}, num_stages={num_stages},
+        )
+        return {returns}
+'''
+
+# A broadcast epilogue operand (a bias is one row for every m) is loaded as one vector and
+# widened in registers: a full [BLOCK_M, BLOCK_N] tile of it took 64 registers a thread at
+# 128×256 tiles and spilled the accumulator (255 registers, 168 bytes of stack on sm_90).
+_EPILOGUE_LOAD = """if {flag}_BROADCAST == 1:  # the same row for every m
+    {name} = tl.load({name}_ptr + batch * {name}_sb + cols * {name}_sn,
+                 mask=cols < N).to(tl.float32)[None, :]
+elif {flag}_BROADCAST == 2:  # the same column for every n
+    {name} = tl.load({name}_ptr + batch * {name}_sb + rows * {name}_sm,
+                 mask=rows < M).to(tl.float32)[:, None]
+else:
+    {name} = tl.load({name}_ptr + batch * {name}_sb + rows[:, None] * {name}_sm
+                 + cols[None, :] * {name}_sn, mask=mask).to(tl.float32)"""
+
+
+def _indent(lines: list[str], depth: int) -> str:
+    return "\n".join(" " * depth + line for line in lines) if lines else _EMPTY
+
+
+def _arg(op: Op, position: int, key: str, default: object = None) -> object:
+    return op.kwarg(key, op.args[position] if position < len(op.args) else default)
+
+
+def _literal(value: object) -> str:
+    if isinstance(value, Ref):
+        raise Unsupported("a view whose size is a tensor")
+    return repr(value)
+
+
+@dataclass
+class _Anchor:
+    """How forward brings the anchor's operands to [batch, M, K] @ [batch, K, N]."""
+
+    prepare: list[str]  # forward lines defining `a`, `b` and `shape` (the anchor's output shape)
+    bias: Ref | None
+    alpha: object
+    beta: object
+    needs_broadcast: bool = False
+
+
+def _anchor(graph: SiteGraph) -> _Anchor:
+    op = graph.ops[0]
+    if not op.args or not all(isinstance(r, Ref) and r.is_input for r in op.args[:2]):
+        raise Unsupported(f"{op.name} of values the site computes itself")
+    if op.name == "linear":
+        x, w = op.args[0], op.args[1]
+        bias = _arg(op, 2, "bias")
+        return _Anchor([f"a = {x.name}.reshape(-1, {x.name}.shape[-1]).unsqueeze(0)",
+                        f"b = {w.name}.t().unsqueeze(0)",
+                        f"shape = (*{x.name}.shape[:-1], {w.name}.shape[0])"], bias, 1, 1)
+    if op.name in ("mm", "bmm"):
+        x, y = op.args[0], op.args[1]
+        if op.name == "mm":
+            return _Anchor([f"a = {x.name}.unsqueeze(0)", f"b = {y.name}.unsqueeze(0)",
+                            f"shape = ({x.name}.shape[0], {y.name}.shape[1])"], None, 1, 1)
+        return _Anchor([f"a, b = {x.name}, {y.name}",
+                        f"shape = ({x.name}.shape[0], {x.name}.shape[1], {y.name}.shape[2])"],
+                       None, 1, 1)
+    if op.name in ("addmm", "baddbmm"):
+        if len(op.args) < 3 or not all(isinstance(r, Ref) and r.is_input for r in op.args[:3]):
+            raise Unsupported(f"{op.name} of values the site computes itself")
+        bias, x, y = op.args[:3]
+        beta, alpha = _arg(op, 3, "beta", 1), _arg(op, 4, "alpha", 1)
+        if op.name == "addmm":
+            return _Anchor([f"a = {x.name}.unsqueeze(0)", f"b = {y.name}.unsqueeze(0)",
+                            f"shape = ({x.name}.shape[0], {y.name}.shape[1])"], bias, alpha, beta)
+        return _Anchor([f"a, b = {x.name}, {y.name}",
+                        f"shape = ({x.name}.shape[0], {x.name}.shape[1], {y.name}.shape[2])"],
+                       bias, alpha, beta)
+    if op.name == "matmul":
+        return _matmul_anchor(graph, op)
+    raise Unsupported(f"no matmul rule for {op.name}")
+
+
+def _matmul_anchor(graph: SiteGraph, op: Op) -> _Anchor:
+    x, y = op.args[0], op.args[1]
+    rank_x, rank_y = len(graph.info(x).shape), len(graph.info(y).shape)
+    if rank_x < 2 or rank_y < 2:
+        raise Unsupported("matmul with a vector operand")
+    if rank_y == 2:
+        # A stack of rows times one matrix: the leading dimensions fold into M.
+        return _Anchor([f"a = {x.name}.reshape(-1, {x.name}.shape[-1]).unsqueeze(0)",
+                        f"b = {y.name}.unsqueeze(0)",
+                        f"shape = (*{x.name}.shape[:-1], {y.name}.shape[-1])"], None, 1, 1)
+    batch = f"_broadcast_shape([{x.name}.shape[:-2], {y.name}.shape[:-2]])"
+    return _Anchor([f"batch_shape = {batch}",
+                    f"a = {x.name}.expand(*batch_shape, *{x.name}.shape[-2:])"
+                    f".reshape(-1, *{x.name}.shape[-2:])",
+                    f"b = {y.name}.expand(*batch_shape, *{y.name}.shape[-2:])"
+                    f".reshape(-1, *{y.name}.shape[-2:])",
+                    f"shape = (*batch_shape, {x.name}.shape[-2], {y.name}.shape[-1])"],
+                   None, 1, 1, needs_broadcast=True)
+
+
+def write_triton_matmul(graph: SiteGraph, config: MatmulConfig) -> str:
+    """The ModelNew source computing `graph` (anchor matmul + epilogue) with one Triton kernel."""
+    if graph.family != "matmul" or not graph.ops or graph.ops[0].kind.value != "matmul":
+        raise Unsupported("the site does not start with a matmul")
+    anchor = _anchor(graph)
+    dtype = graph.ops[0].out.dtype
+    if not dtype.is_floating_point:
+        raise Unsupported(f"a {dtype} matmul: the rules handle float operands")
+    numel = graph.ops[0].out.numel
+
+    # Each value's stage: a forward variable (a view of out0) with that value's shape.
+    stage: dict[Ref, str] = {Ref(0, False): "stage0"}
+    stages = ["stage0 = out0.view(shape)"]
+    value: dict[Ref, str] = {Ref(0, False): "v0"}
+    operands: dict[tuple[int, str], str] = {}  # (input index, stage) → operand name
+    operand_lines: list[str] = []
+    loads: list[str] = []
+    flags: list[str] = []  # per epilogue operand: which axis it is broadcast along
+    body: list[str] = []
+
+    def load(ref: Ref, at: str) -> str:
+        key = (ref.index, at)
+        if key not in operands:
+            name = f"e{len(operands)}"
+            operands[key] = name
+            operand_lines.append(f"{name} = {ref.name}.expand({at}.shape).reshape(batch, M, N)")
+            loads.extend(_EPILOGUE_LOAD.format(name=name, flag=name.upper()).splitlines())
+            flags.append(name.upper())
+        return operands[key]
+
+    accumulate = "acc" if anchor.alpha == 1 else f"acc * {float(anchor.alpha)!r}"
+    if anchor.bias is not None:
+        bias = load(anchor.bias, "stage0")
+        scaled = bias if anchor.beta == 1 else f"{float(anchor.beta)!r} * {bias}"
+        accumulate = f"{accumulate} + {scaled}"
+    body.append(f"v0 = {accumulate}")
+
+    for i, op in enumerate(graph.ops[1:], start=1):
+        here = Ref(i, False)
+        chain = [r for r in op.args if isinstance(r, Ref) and not r.is_input]
+        if op.out.numel != numel or not chain:
+            raise Unsupported(f"{op.name} is not an epilogue on the matmul's output")
+        at = stage[chain[0]]
+        if op.name in SHAPE_VIEWS:
+            if chain[0] != op.args[0]:
+                raise Unsupported(f"{op.name} of a value the site reads from outside")
+            rest = [_literal(a) for a in op.args[1:]] + [f"{k}={_literal(v)}"
+                                                         for k, v in op.kwargs]
+            stages.append(f"stage{i} = {at}.{op.name}({', '.join(rest)})")
+            stage[here], value[here] = f"stage{i}", value[chain[0]]
+            continue
+        if op.name in IDENTITY_VIEWS:
+            stage[here], value[here] = at, value[chain[0]]
+            continue
+        if op.kind.value != "pointwise":
+            raise Unsupported(f"{op.name} is not elementwise")
+        if tuple(op.out.shape) != tuple(graph.info(chain[0]).shape):
+            raise Unsupported(f"{op.name} broadcasts the matmul's output to a larger shape")
+        for ref in [r for r in op.args + tuple(v for _, v in op.kwargs) if isinstance(r, Ref)]:
+            if ref.is_input:
+                if not graph.inputs[ref.index].dtype.is_floating_point:
+                    raise Unsupported(f"input {ref.name} is {graph.inputs[ref.index].dtype}")
+                value[ref] = load(ref, at)
+        body.append(f"v{i} = {elementwise(op, value)}")
+        value[here], stage[here] = f"v{i}", at
+
+    for ref in graph.outputs:
+        if graph.info(ref).numel != numel:
+            raise Unsupported("an output that is not the matmul's tile")
+    out_dtypes = [graph.info(ref).dtype for ref in graph.outputs]
+    stores = [f"tl.store(out{k}_ptr + out_offsets, {value[ref]}.to({tl_dtype(out_dtype)}), "
+              "mask=mask)" for k, (ref, out_dtype) in enumerate(zip(graph.outputs, out_dtypes,
+                                                                      strict=True))]
+    allocs = [f"out{k} = torch.empty((batch, M, N), device=a.device, dtype={out_dtype})"
+              for k, out_dtype in enumerate(out_dtypes)]
+    returns = [f"out{k}.view({stage[ref]}.shape)" for k, ref in enumerate(graph.outputs)]
+    names = list(operands.values())
+    precision = ""
+    if dtype.itemsize == 4:
+        precision = f', input_precision="{"tf32" if config.allow_tf32 else "ieee"}"'
+    source = _SOURCE.format(
+        ops=" → ".join(op.name for op in graph.ops),
+        config=config.describe(),
+        operand_params=_indent([f"{n}_ptr," for n in names], 4),
+        out_params=_indent([f"out{k}_ptr," for k in range(len(graph.outputs))], 4),
+        stride_params=_indent([f"{n}_sb, {n}_sm, {n}_sn," for n in names], 4),
+        precision=precision,
+        flag_params=_indent([f"{flag}_BROADCAST: tl.constexpr," for flag in flags], 4),
+        flag_args=_indent([f"{flag}_BROADCAST=1 if {flag.lower()}.stride(1) == 0 else 2 if "
+                           f"{flag.lower()}.stride(2) == 0 else 0," for flag in flags], 12),
+        loads=_indent(loads, 4),
+        body=_indent(body, 4),
+        stores=_indent(stores, 4),
+        params=", ".join(f"in{i}" for i in range(len(graph.inputs))),
+        prepare=_indent(anchor.prepare, 8),
+        dtypes=", ".join(FLOAT_DTYPES),
+        allocs=_indent(allocs, 8),
+        stages=_indent(stages, 8),
+        operands=_indent(operand_lines, 8),
+        pointer_args=", ".join(names + [f"out{k}" for k in range(len(graph.outputs))]),
+        stride_args=_indent([", ".join(f"*{n}.stride()" for n in names) + ","] if names else [],
+                            12),
+        block_m=config.block_m, block_n=config.block_n, block_k=config.block_k,
+        group_m=config.group_m, num_warps=config.num_warps, num_stages=config.num_stages,
+        returns=", ".join(returns),
+    )
+    source = "\n".join(line for line in source.split("\n") if line.strip() != _EMPTY)
+    if anchor.needs_broadcast:
+        source += "\n\n" + BROADCAST_SHAPE_HELPER
+    return with_jit_helpers(source)
