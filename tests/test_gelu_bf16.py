@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from generators.cuda.pointwise import CudaPointwiseConfig, write_cuda_pointwise
+from generators.op_table import GELU_EXP2_CUBIC, GELU_EXP2_SCALE
 from generators.site_graph import load_site_graph
-from generators.triton.expressions import GELU_EXP2_CUBIC, GELU_EXP2_SCALE
 from generators.triton.pointwise import PointwiseConfig, write_pointwise
 from tests.kernel_checks import one_input_problem
 

@@ -26,8 +26,8 @@ from generators.cuda.expressions import (
     storage_type,
     store_from_float,
 )
+from generators.op_table import channel_aligned_inputs
 from generators.site_graph import Ref, SiteGraph, Unsupported
-from generators.triton.expressions import channel_aligned_inputs
 
 # Raw types for a vector of 1..16 bytes: one load or store instruction each.
 RAW_VECTOR_TYPES = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "uint2",

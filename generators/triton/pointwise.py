@@ -33,13 +33,9 @@ from dataclasses import dataclass
 import torch
 
 from generators.codegen import BROADCAST_SHAPE_HELPER, ROWS_AND_COLUMNS_HELPER, indent, op_refs
+from generators.op_table import channel_aligned_inputs
 from generators.site_graph import Ref, SiteGraph, Unsupported
-from generators.triton.expressions import (
-    channel_aligned_inputs,
-    elementwise,
-    tl_dtype,
-    with_jit_helpers,
-)
+from generators.triton.expressions import elementwise, tl_dtype, with_jit_helpers
 
 
 @dataclass(frozen=True)
