@@ -125,7 +125,8 @@ def _matmul_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
     if out.dtype in (torch.float16, torch.bfloat16):
         drafts.append((MatmulConfig(block_m=128, block_n=256, block_k=64, num_warps=8),
                        "half precision: 128×256×64 tiles with 8 warps feed the tensor cores"))
-        # 104 registers a thread with a GELU epilogue on sm_90: room for a fourth stage.
+        # Few enough registers a thread with a GELU epilogue on sm_90 to leave room for a
+        # fourth stage (bench/NOTES.md, 2026-12-03, reading sm_90 code on the CPU).
         drafts.append((MatmulConfig(block_m=128, block_n=128, block_k=64, num_warps=8,
                                     num_stages=4),
                        "half precision: 128×128×64 tiles, 8 warps, 4 stages: fewer registers "
@@ -163,8 +164,9 @@ def _dim_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
         (DimConfig(block_r=32, block_i=256, num_warps=8, split=AUTO_SPLIT),
          "larger tiles: more bytes in flight per program, reduced rows split for about 4 "
          "programs per SM"),
-        # Sum over dim 1 of 64×2048×512 fp32 on an H200: 0.0639 ms (98 % of the byte floor);
-        # 128 × 32 tiles took 0.0658, 64 × 64 tiles 0.0786 (bench/NOTES.md).
+        # Sum over dim 1 of 64×2048×512 fp32 on an H200: the fastest of a 36-setting ladder,
+        # near the byte floor, ahead of 128 × 32 and well ahead of 64 × 64 tiles
+        # (bench/NOTES.md, sixth round).
         (DimConfig(block_r=256, block_i=32, num_warps=4, split=AUTO_SPLIT),
          "tall tiles of 256 reduced rows × 32 columns (a 128-byte line each in fp32): 64 loads "
          "in flight a thread, reduced rows split for about 4 programs per SM")]
@@ -211,11 +213,10 @@ def _cuda_row_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
 
 
 def _cluster_norm_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
-    # On an H200 (bench/NOTES.md, eighth round), with the share in registers: group norm +
-    # silu 16×512×64² fp32 ran 0.0679 ms at 8 × 128 × 4 (64 values a thread) and 0.0692 at
-    # 4 × 256 × 4, against 0.0745 in shared memory at 8 × 256 × 4; batch norm 32×256×56² ran
-    # 0.0547 at 8 × 320 × 4 (40 a thread, searched) and 0.0588 at 8 × 256 × 4 (52), against
-    # 0.0606 in shared memory at 8 × 512 × 4 and 0.0660 at 2 × 1024 × 4.
+    # On an H200, with the share in registers, group norm + silu 16×512×64² fp32 ran fastest
+    # at 8 × 128 × 4 (64 values a thread) and batch norm 32×256×56² at 8 × 320 × 4 (40 a
+    # thread), both ahead of every shared-memory setting (bench/NOTES.md, eighth round;
+    # bench/results/rules_generator_h200.md, the ladders of 2026-12-04).
     drafts: list[tuple[object, str]] = []
     for cluster, most in ((8, 64), (8, 40), (4, 64)):
         try:

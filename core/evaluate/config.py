@@ -12,8 +12,9 @@ import torch
 # steady while costing a few milliseconds; the Triton interpreter on the CPU runs a small kernel
 # in tens of milliseconds, so a few trials show the rules run without making CI slow.
 DEFAULT_WARMUP = {"cuda": 10, "cpu": 1}
-# On an H200 ten warm-ups of a 50 µs kernel were too few to bring an idle GPU's clocks up: at
-# least 100 ms of calls come first (triton's do_bench warms up for 25 ms).
+# On an H200 ten warm-ups of a pointwise kernel of tens of microseconds were too few to bring
+# an idle GPU's clocks up (bench/NOTES.md, the evaluator's timing, prediction 1): at least
+# 100 ms of calls come first (triton's do_bench warms up for 25 ms).
 DEFAULT_WARMUP_MS = {"cuda": 100.0, "cpu": 0.0}
 DEFAULT_TRIALS = {"cuda": 100, "cpu": 3}
 
@@ -40,7 +41,7 @@ class EvalConfig:
     gpu_lock: str | None = None
     # Hardware counters (Nsight Compute) for the candidate after it is timed; asked for by the
     # search for its best few candidates, not for every one. ncu replays each kernel some 40
-    # times and starts its own Python: 9 s per candidate on an H200.
+    # times and starts its own Python: seconds per candidate (bench/results/counters_h200.md).
     counters: bool = False
     counters_timeout_s: float = 120.0
     # Which GPUs (torch's indices in the launching process) evaluation workers are spread over;

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.evaluate.worker import REPO_ROOT
+from core.evaluate.child_env import REPO_ROOT, child_env
 
 NOTE_CHARS = 1500  # of ncu's output kept in a note
 
@@ -183,9 +183,7 @@ def collect(problem_path: Path, candidate_path: Path, seed: int, timeout_s: floa
         return CounterReport(notes=["Nsight Compute (ncu) was not found on PATH, in "
                                     "/usr/local/cuda/bin or /opt/nvidia/nsight-compute; set "
                                     "KILN_NCU to its path for hardware counters"])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
-    env.pop("TRITON_INTERPRET", None)
+    env = child_env("cuda")
     started = time.perf_counter()
     process = subprocess.Popen(ncu_command(ncu, problem_path, candidate_path, seed, lock_path),
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -13,7 +13,7 @@ In order, the first rule that applies wins:
 - latency-bound: far from the floor with none of the above, so too few bytes are in flight
   (with counters, the stall reasons that dominate say what the warps wait on).
 The line carries the numbers behind the code, e.g. "memory-bound near floor: at 82% of the
-byte floor (0.0760 ms, floor 0.0623 ms); 64 registers/thread, no spills".
+byte floor (<time> ms, floor <floor> ms); 64 registers/thread, no spills".
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ SM_SHARED_BYTES = 228 * 1024
 SHARED_RESERVED_PER_BLOCK = 1024
 REGISTER_UNIT_PER_WARP = 256
 
-# torch.compile's kernels reach 80-90% of the byte floor on the streaming problems measured on
-# the H200 (layernorm 0.069 ms against a 0.062 ms floor, a gelu chain 0.156 against 0.125):
-# from three quarters of the floor on, the bytes move about as fast as they can.
+# torch.compile's own kernels on the streaming problems measured on the H200 sit well above
+# three quarters of the byte floor (bench/NOTES.md, the rules generator, second table): from
+# there on, the bytes move about as fast as they can.
 NEAR_FLOOR = 0.75
 # Keeping 4.3 TB/s busy through roughly 600 ns of load latency takes about 2.6 MB in flight,
 # some 20 KB per SM over 132 SMs: half the SM's warps issuing one 16-byte load each (16 KB)

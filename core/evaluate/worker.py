@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from core.evaluate.child_env import REPO_ROOT, child_env
 from core.evaluate.verdict import Reason, Verdict
 from core.runtime.errors import KilnInputError
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 STDERR_TAIL_CHARS = 3000
 
 
@@ -55,13 +55,7 @@ class Worker:
         self.device = device
         self.folder = Path(tempfile.mkdtemp(prefix="kiln-worker-"))
         self.stderr_path = self.folder / "stderr.log"
-        env = {**os.environ, **(env or {})}
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT),
-                                                          env.get("PYTHONPATH")]))
-        if device == "cpu":
-            env["TRITON_INTERPRET"] = "1"
-        else:
-            env.pop("TRITON_INTERPRET", None)
+        env = child_env(device, env)
         with self.stderr_path.open("ab") as stderr:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "core.evaluate.worker", str(self.folder)],

@@ -127,10 +127,11 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, ListSitesConfig]
         raise KilnInputError("--budget, --max-candidates, --sites and --workers must be "
                              "positive", "pass positive numbers")
     if args.counters is None:
-        # Each read re-judges the kernel and runs ncu: 9 s alone on an H200, up to 30 s when
+        # Each read re-judges the kernel and runs ncu: seconds alone, several times that when
         # runs share the GPU. With the best 3 read, the feedback arm of the A/B benchmark judged
-        # half the kernels the no-feedback arm did in the same minutes; the best one suffices
-        # to steer the children of the kernel the search expands most.
+        # far fewer kernels than the no-feedback arm in the same minutes
+        # (bench/results/counters_h200.md); the best one suffices to steer the children of the
+        # kernel the search expands most.
         args.counters = 1 if args.device == "cuda" else 0
     if args.counters < 0:
         raise KilnInputError(f"--counters {args.counters} is negative",

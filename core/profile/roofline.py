@@ -17,8 +17,8 @@ from core.runtime.partition import Region
 
 
 def _h200_matrix_peaks() -> dict[str, float]:
-    # 8192^3 torch matmuls on an H200, random data, 2026-12-02 (bench/NOTES.md): bf16 742-798,
-    # fp16 720-766, fp32 50.2-50.7 TFLOP/s (torch leaves tf32 off for fp32 matmuls).
+    # 8192^3 torch matmuls on an H200, random data, near the top of each measured range
+    # (bench/NOTES.md, Ceilings); torch leaves tf32 off for fp32 matmuls.
     return {"bf16": 790e12, "fp16": 765e12, "fp32": 50.7e12}
 
 

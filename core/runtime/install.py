@@ -55,9 +55,9 @@ def site_op(guarded: GuardedKernel) -> Callable:
     """`guarded` as a custom op from the list of input tensors to the list of outputs.
 
     Defined through `torch.library.Library` rather than `torch.library.custom_op`: the latter
-    wraps every call in Python for autograd, 18 µs against 4 µs a call on a 2-core x86 CPU in
-    torch 2.13, and the op never records autograd (`InstalledModel` runs the original model
-    when it would)."""
+    wraps every call in Python for autograd, several times the cost of a call (bench/NOTES.md,
+    second round, what installing costs), and the op never records autograd (`InstalledModel`
+    runs the original model when it would)."""
     name = f"site_{re.sub(r'[^0-9A-Za-z]', '_', guarded.key)}_{len(_OPS)}"
     _LIBRARY.define(f"{name}(Tensor[] inputs) -> Tensor[]")
 
@@ -119,8 +119,8 @@ def install(model: nn.Module, kernels: list[SiteKernel], rest: str = "inductor",
     (torch.compile's default compiler) or "eager" (the captured ops as they are). Kernel
     calls and fallbacks are counted in `calls` (a new counter if not given). With no kernels
     nothing is captured: the model runs as `torch.compile(model)`, or as it is (its captured
-    graphs run eagerly can be slower than the model itself: ViT-B/16's took 7.5 ms against
-    4.2 ms in bf16 on an H200).
+    graphs run eagerly can be slower than the model itself: ViT-B/16's were, in bf16 on an
+    H200, bench/results/suite_h200_pass1.md).
 
     Under inductor, `trace` puts Triton kernels' launches into inductor's graph rather than behind a
     custom op (`core.runtime.inline`): by default on a GPU, where inductor launches them."""

@@ -29,7 +29,8 @@ class SearchConfig:
     batch: int = 4  # expansions evaluated together
     children_per_expansion: int = 2
     # UCT's c on max-backed rewards in [0, 1]: on the test bowl (tests/test_search.py) the
-    # optimum took 80 evaluations at 0.7, 65 at 0.3 and 58 at 0.15, with batches of 4.
+    # optimum took fewer evaluations the smaller c, down to this one (bench/NOTES.md, UCT's
+    # exploration constant).
     exploration: float = 0.15
     widening: float = 1.5  # a node may hold ceil(widening * visits ** 0.5) children
     stall: int = 12  # evaluations without a new best before the site stops

@@ -44,8 +44,9 @@ def make_flush(device: torch.device) -> Callable[[], None]:
 
     def flush() -> None:
         # Read, not write: a written flush leaves the L2 full of dirty lines whose write-back
-        # then lands inside the timed call (a 64 MB pointwise kernel spread 34% across
-        # evaluations on an H200 with a zero_() flush).
+        # then lands inside the timed call (with a zero_() flush a 64 MB pointwise kernel's
+        # evaluations spread far past the target on an H200: bench/NOTES.md, the evaluator's
+        # timing, prediction 2).
         torch.cuda.synchronize(device)
         buffer.sum()
 
@@ -69,8 +70,9 @@ def time_model(
     Warm-up lasts `warmup` calls and at least `warmup_ms` of wall-clock time: an idle GPU runs
     at a fraction of its clock until it has been busy for a while, and a fixed handful of
     microsecond-scale calls does not get it there. Wall time, not a count derived from the
-    kernel's own time: for a 10 µs kernel that count meant thousands of flushed calls, over a
-    second per model, and the evaluation pool fell below 16 candidates a minute.
+    kernel's own time: for a kernel of microseconds that count meant thousands of flushed
+    calls, over a second per model, and the evaluation pool slowed to a crawl (bench/NOTES.md,
+    the evaluator's timing; bench/results/evaluate_h200.md, run C).
     """
     flush = make_flush(device)
     position = [0]

@@ -8,12 +8,13 @@ values and their squares shifted by its first value, the threads' (count, mean, 
 merge over the block, and each block sends its state to every block of the cluster, which
 merge them (Chan et al.). Each block then normalizes its share, applies the affine map and the
 epilogue, and stores. Global traffic is one read and one write. The Triton kernels read twice:
-a 16 × 4096 fp32 group (256 KB) leaves L2 between its two walks (66 % of the byte floor
-measured at 16×512×64², where two reads cap it at 67 %).
+a 16 × 4096 fp32 group (256 KB) leaves L2 between its two walks, and at 16×512×64² they sat
+just under the two thirds of the byte floor that two reads allow
+(bench/results/rules_generator_h200.md, earlier table).
 
-On an H200 (bench/NOTES.md, eighth round), group norm + SiLU 16×512×64² fp32 went from
-0.0824 ms in shared memory to 0.0716 in registers, and to 0.0679 (92 % of the byte floor)
-with the moments sent by st.async in place of a release cluster barrier.
+On an H200, group norm + SiLU 16×512×64² fp32 gained first from holding the share in
+registers rather than shared memory, then from sending the moments by st.async in place of a
+release cluster barrier (bench/NOTES.md, eighth round).
 
 Sizes are compile-time constants, so each shape compiles once; strides are arguments.
 """
@@ -345,7 +346,8 @@ def write_cuda_channel_norm(graph: SiteGraph, config: ClusterNormConfig) -> str:
             arrays.append(f"{element}* o{k} = reinterpret_cast<{element}*>(&packed{k});")
             lanes.append(f"o{k}[j] = {store_from_float(dtype, value[ref])};")
             # One vector store (STG.E.128 for 4 fp32). Not evict-first: in a model the next op
-            # reads the output, and back to back __stcs timed 3-4 % slower (H200, NOTES.md).
+            # reads the output, and back to back __stcs timed slower (bench/NOTES.md, seventh
+            # round).
             stores.append(f"*reinterpret_cast<{raw}*>(&out{k}[at]) = packed{k};")
         if registers and not filled:
             stores = ["if (inside) {", *indent(stores, 4).splitlines(), "}"]

@@ -33,8 +33,8 @@ def steps_of(share: int, threads: int, vec: int) -> int:
 @dataclass(frozen=True)
 class ClusterNormConfig:
     # Blocks an SM follow the share a block holds: 8 × 256 at 16×512×64² group norm holds
-    # 32 KB a block, six blocks an SM; 2 × 256, one block an SM, ran 2.3x slower on an H200
-    # (bench/NOTES.md). The rules' drafts give the fastest settings per site.
+    # 32 KB a block, six blocks an SM; 2 × 256, one block an SM, ran much slower on an H200
+    # (bench/NOTES.md, fourth round). The rules' drafts give the fastest settings per site.
     cluster: int = 8  # blocks sharing one set of values
     threads: int = 256  # per block
     vector: int = 1  # values a thread moves per step: 4 = one 16-byte fp32 load a tensor
@@ -59,10 +59,9 @@ def register_threads(graph: SiteGraph, cluster: int, most: int = 64,
                      vector: int = 4) -> int | None:
     """The fewest threads, in pairs of warps and at least 128, that hold a block's share in
     registers at `most` values a thread or fewer; None where 1024 threads cannot. On an H200
-    (NOTES.md) group norm 16×512×64² took 0.0716 ms at 8 × 128 (64 a thread) and 0.0745 at
-    8 × 256 (32); batch norm 32×256×56² took 0.0600 at 8 × 320 (40 a thread) and 0.0630 at
-    8 × 256 (52), so the rules draft both 64 and 40. With the moments sent by st.async:
-    group norm 0.0679 at 8 × 128, 0.0688 at 8 × 256; batch norm 0.0547 at 8 × 320 searched."""
+    group norm 16×512×64² ran fastest at 64 values a thread (8 × 128, ahead of 32 at 8 × 256)
+    and batch norm 32×256×56² at 40 (8 × 320, ahead of 52 at 8 × 256), so the rules draft
+    both 64 and 40 (bench/NOTES.md, eighth round)."""
     _, set_size = set_sizes(channel_norm(graph, ("group_norm", "batch_norm")))
     share = share_of(set_size, cluster, vector)
     threads = max(128, -(-share // (most * 64)) * 64)

@@ -5,13 +5,12 @@ biased variance over its N × S values. A channel's values, numbered sample-majo
 tiles of BLOCK consecutive values shared out among SPLITS programs, so that C × SPLITS
 programs fill the GPU even with few channels. A tile may cross from one sample to the next,
 so every lane holds a value whatever S is (a tile of one sample's positions left a quarter of
-the lanes idle at S = 56²; crossing took 32×256×56² fp32 from 0.0951 to 0.0926 ms on an
-H200). The statistics
-kernel folds each program's tiles (through the elementwise prologue) into per-lane Welford
-states in fp32 and writes one (count, mean, M2) per program; the normalizing kernel takes the
-same tiles in reverse order (those read last are still in L2), merges its channel's SPLITS
-states (Chan et al.), and applies the normalization, the per-channel affine map and the
-epilogue.
+the lanes idle at S = 56²; crossing gained a little at 32×256×56² fp32 on an H200:
+bench/NOTES.md, fourth round). The statistics kernel folds each program's tiles (through the
+elementwise prologue) into per-lane Welford states in fp32 and writes one (count, mean, M2)
+per program; the normalizing kernel takes the same tiles in reverse order (those read last
+are still in L2), merges its channel's SPLITS states (Chan et al.), and applies the
+normalization, the per-channel affine map and the epilogue.
 Updates of running statistics are a mutation of module buffers and stay with PyTorch.
 """
 

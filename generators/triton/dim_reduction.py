@@ -264,8 +264,8 @@ def write_dim_reduction(graph: SiteGraph, config: DimConfig) -> str:
     value: dict[Ref, str] = {}
     loads = []
     for index in used:
-        # Each value is read once: evict-first keeps L2 for the partials (sum over dim 1 of
-        # 64×2048×512 fp32 on an H200: 0.0665 → 0.0658 ms).
+        # Each value is read once: evict-first keeps L2 for the partials (a small gain on sum
+        # over dim 1 of 64×2048×512 fp32 on an H200: bench/NOTES.md, fifth round).
         loads.append(f"x{index} = tl.load(in{index}_ptr + offsets, mask=mask, other=0.0, "
                      "eviction_policy='evict_first').to(tl.float32)")
         value[Ref(index, True)] = f"x{index}"

@@ -220,8 +220,9 @@ def write_group_norm(graph: SiteGraph, config: GroupNormConfig) -> str:
     before = list(enumerate(graph.ops[:r]))
     value = {Ref(i, True): f"x{i}" for i in site.used}
     # The first walk's tiles are asked to stay in L2 for the second, whose reads and writes
-    # are asked to leave first: 4096-element tiles with 8 warps went from 0.1017 to 0.0972 ms
-    # at 16×512×64² fp32 on an H200 (batch norm's kernels gained nothing from the same hints).
+    # are asked to leave first: a few percent for 4096-element tiles with 8 warps at
+    # 16×512×64² fp32 on an H200, where batch norm's kernels gained nothing from the same
+    # hints (bench/NOTES.md, fifth round, eviction hints).
     stat_loads = tile_loads(site, statistics_inputs(graph, r, source), "sample", "channels",
                             "channel_mask", "evict_last")
     stat_prologue = elementwise_lines(before, dict(value))

@@ -135,7 +135,8 @@ class ModelNew(nn.Module):
 
 # A broadcast epilogue operand (a bias is one row for every m) is loaded as one vector and
 # widened in registers: a full [BLOCK_M, BLOCK_N] tile of it took 64 registers a thread at
-# 128×256 tiles and spilled the accumulator (255 registers, 168 bytes of stack on sm_90).
+# 128×256 tiles and spilled the accumulator on sm_90 (bench/NOTES.md, 2026-12-03, the
+# matmul bias row).
 _EPILOGUE_LOAD = """if {flag}_BROADCAST == 1:  # the same row for every m
     {name} = tl.load({name}_ptr + batch * {name}_sb + cols * {name}_sn,
                  mask=cols < N).to(tl.float32)[None, :]

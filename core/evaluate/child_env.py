@@ -1,0 +1,20 @@
+"""How the evaluator starts Python processes of its own: from Kiln's folder, Kiln importable,
+Triton under its interpreter exactly when the process judges on the CPU."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def child_env(device: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment with `extra` on top, for a child judging on `device`."""
+    env = {**os.environ, **(extra or {})}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    if device == "cpu":
+        env["TRITON_INTERPRET"] = "1"
+    else:
+        env.pop("TRITON_INTERPRET", None)
+    return env
