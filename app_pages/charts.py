@@ -5,7 +5,7 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from app_pages.common import VERDICTS
+from store import VERDICTS
 
 # A site's search tree can hold thousands of candidates; Altair's default cap of 5,000 rows
 # would refuse to draw a big one.

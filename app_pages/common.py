@@ -2,8 +2,8 @@
 
 The store is read through one read-only connection per path, shared by every session (SQLite
 reads from several threads are safe on it). Query results are cached under the store's
-*version*: the highest ids and the latest heartbeat, so a write by a running optimizer gives a
-new version and the pages show the new rows on their next refresh.
+*version* (`StoreReader.version`): the highest ids and the latest heartbeat, so a write by a
+running optimizer gives a new version and the pages show the new rows on their next refresh.
 """
 
 from __future__ import annotations
@@ -13,14 +13,12 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
 import streamlit as st
 
 from core.runtime.errors import KilnInputError
-from store import StoreReader, open_reader
-from store.liveness import run_writer_alive
+from store import StoreReader, StoreVersion, open_reader
 
 DEFAULT_DB = Path("kiln.db")
 # A running search stores a candidate every few seconds at most (an evaluation compiles, checks
@@ -61,33 +59,11 @@ class Store:
     """The open store of this session and its version, the key of every cached query."""
 
     path: str
-    version: tuple
+    version: StoreVersion
 
     @property
     def reader(self) -> StoreReader:
         return reader_for(self.path)
-
-
-def store_version(reader: StoreReader) -> tuple:
-    """Changes whenever anything is written, a run finishes, or a running run's writer dies."""
-    counts = reader.db.execute(
-        "SELECT (SELECT max(id) FROM runs), (SELECT max(id) FROM sites),"
-        " (SELECT max(id) FROM candidates), (SELECT max(id) FROM verdicts),"
-        " (SELECT max(id) FROM llm_calls), (SELECT max(finished_at) FROM runs)"
-    ).fetchone()
-    cursor = reader.db.execute("SELECT * FROM runs WHERE status = 'running' ORDER BY id")
-    names = [column[0] for column in cursor.description]
-    now = datetime.now(UTC)
-    running = []
-    for values in cursor.fetchall():
-        row = dict(zip(names, values, strict=True))
-        running.append((row["id"], row["heartbeat_at"], run_writer_alive(row, now)))
-    return (*counts, tuple(running))
-
-
-def any_live(version: tuple, run_id: int | None = None) -> bool:
-    """Whether a run (this one, or any) is being written right now, as of this version."""
-    return any(alive and run_id in (None, ident) for ident, _, alive in version[-1])
 
 
 def open_store() -> Store:
@@ -101,8 +77,8 @@ def open_store() -> Store:
     except KilnInputError as err:
         st.error(f"{err.problem}\n\nFix: {err.fix}")
         st.stop()
-    version = store_version(reader)
-    if version[0] is None:
+    version = reader.version()
+    if not version.has_runs:
         st.info(START_HINT.format(path=path))
         st.stop()
     return Store(str(path), version)
@@ -130,9 +106,6 @@ def verdict_label(compiled: bool | None, correct: bool | None, accepted: bool | 
     if not compiled:
         return "compile failed"
     return "rejected" if correct else "incorrect"
-
-
-VERDICTS = ("accepted", "rejected", "incorrect", "compile failed", "pending")
 
 
 def ms(value: float | None) -> str:

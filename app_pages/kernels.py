@@ -3,8 +3,9 @@
 import streamlit as st
 
 from app_pages import queries
-from app_pages.common import VERDICTS, open_store
+from app_pages.common import open_store
 from core.runtime.errors import KilnInputError
+from store import SearchFilters
 
 st.title("Kernels")
 store = open_store()
@@ -13,19 +14,20 @@ text = st.text_input(
     "Search source, rationale, site signature and ops, and rejection reasons",
     value=st.query_params.get("q", ""),
     placeholder="e.g. tl.sum, wrong_values, layer_norm, num_warps",
+    help="Every word must match, each as the start of a word: warp finds warps.",
 )
 fts_syntax = st.toggle(
     "Full-text search syntax",
     help='SQLite FTS5: AND / OR / NOT, "phrases", prefix*, column filters such as reason:compile*',
 )
 columns = st.columns(6)
-filters = queries.Filters(
-    tiers=tuple(columns[0].multiselect("Tier", choices["tiers"])),
-    generators=tuple(columns[1].multiselect("Generator", choices["generators"])),
-    verdicts=tuple(columns[2].multiselect("Verdict", VERDICTS)),
-    families=tuple(columns[3].multiselect("Family", choices["families"])),
-    gpus=tuple(columns[4].multiselect("GPU", choices["gpus"])),
-    runs=tuple(columns[5].multiselect("Run", choices["runs"])),
+filters = SearchFilters(
+    tiers=tuple(columns[0].multiselect("Tier", choices.tiers)),
+    generators=tuple(columns[1].multiselect("Generator", choices.generators)),
+    verdicts=tuple(columns[2].multiselect("Verdict", choices.verdicts)),
+    families=tuple(columns[3].multiselect("Family", choices.families)),
+    gpus=tuple(columns[4].multiselect("GPU", choices.gpus)),
+    runs=tuple(columns[5].multiselect("Run", choices.runs)),
 )
 if text:
     st.query_params["q"] = text
@@ -35,7 +37,7 @@ except KilnInputError as err:
     st.error(f"{err.problem}\n\nFix: {err.fix}")
     st.stop()
 if found.empty:
-    st.info("No kernel matches." if text or filters != queries.Filters() else "No kernels yet.")
+    st.info("No kernel matches." if text or filters != SearchFilters() else "No kernels yet.")
     st.stop()
 shown = "best matches first" if text else "newest first"
 st.caption(f"{len(found)} kernels shown ({shown}, at most {queries.SEARCH_LIMIT}).")

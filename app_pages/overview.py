@@ -5,7 +5,7 @@ import streamlit as st
 
 from app_pages import queries
 from app_pages.charts import runs_chart
-from app_pages.common import any_live, live, open_store
+from app_pages.common import live, open_store
 from store import Run
 
 st.title("Kiln runs")
@@ -68,4 +68,4 @@ def render() -> None:
     st.altair_chart(runs_chart(table), width="stretch")
 
 
-live(render, any_live(opened.version))
+live(render, opened.version.writing())

@@ -5,7 +5,7 @@ import streamlit as st
 
 from app_pages import queries
 from app_pages.charts import amdahl_chart
-from app_pages.common import any_live, kernel_url, live, ms, open_store, query_int, times
+from app_pages.common import kernel_url, live, ms, open_store, query_int, times
 from store import Run, Site
 
 opened = open_store()
@@ -129,4 +129,4 @@ def render() -> None:
     st.altair_chart(amdahl_chart(parts), width="stretch")
 
 
-live(render, any_live(opened.version, run_id))
+live(render, opened.version.writing(run_id))

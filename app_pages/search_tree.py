@@ -5,7 +5,7 @@ import streamlit as st
 
 from app_pages import queries
 from app_pages.charts import progress_chart, tree_chart, tree_layout
-from app_pages.common import PAGE_KERNEL, any_live, live, ms, open_store, query_int
+from app_pages.common import PAGE_KERNEL, live, ms, open_store, query_int
 
 opened = open_store()
 runs = {run.id: run for run in queries.runs(opened.path, opened.version)}
@@ -66,4 +66,4 @@ def render() -> None:
     st.page_link(PAGE_KERNEL, label=f"Kernel {ident}", query_params={"id": str(ident)})
 
 
-live(render, any_live(opened.version, run_id))
+live(render, opened.version.writing(run_id))

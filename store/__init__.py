@@ -2,7 +2,7 @@
 
 The optimizer writes through `Store.open(path)`; the app and scripts read through
 `open_reader(path)`, a read-only connection usable from any thread. Searches, diffs and exports
-work on either.
+work on either; `python -m store` reads through `open_reader(path, brief=True)`.
 """
 
 from pathlib import Path
@@ -17,15 +17,19 @@ from store.records import (
     LlmCall,
     NewCandidate,
     Run,
+    RunHeartbeat,
     RunState,
     Site,
+    StoreVersion,
 )
+from store.search import VERDICTS, SearchFilters
 from store.writer import Store, source_hash
 
 
-def open_reader(path: str | Path) -> StoreReader:
-    """A read-only store usable from any thread: the app's connection."""
-    return StoreReader.open(path)
+def open_reader(path: str | Path, *, brief: bool = False) -> StoreReader:
+    """A read-only store usable from any thread: the app's connection; `brief` for one command's
+    reads, which works in a read-only folder as well."""
+    return StoreReader.open(path, brief=brief)
 
 
 __all__ = [
@@ -33,16 +37,20 @@ __all__ = [
     "FAMILIES",
     "RUN_STATUSES",
     "TIERS",
+    "VERDICTS",
     "Candidate",
     "CandidateSummary",
     "Diff",
     "LlmCall",
     "NewCandidate",
     "Run",
+    "RunHeartbeat",
     "RunState",
+    "SearchFilters",
     "Site",
     "Store",
     "StoreReader",
+    "StoreVersion",
     "diff_candidates",
     "diff_to_best",
     "diff_to_parent",

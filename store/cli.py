@@ -1,4 +1,8 @@
-"""`python -m store`: list runs and candidates, search, show, diff, best, export."""
+"""`python -m store`: list runs and candidates, search, show, diff, best, export, upgrade.
+
+Every command but `upgrade` only reads, through a read-only connection: it works on a store in
+a read-only folder and never changes the file.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,8 @@ from typing import Any
 
 from store.diffs import diff_candidates, diff_to_best, diff_to_parent
 from store.export import EXPORT_FORMATS, export
+from store.migrations import MIGRATION_NAMES
+from store.reader import StoreReader
 from store.writer import Store
 
 DEFAULT_DB = "kiln.db"
@@ -55,24 +61,32 @@ def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
     print(json.dumps(data, indent=2) if args.json else text)
 
 
-def _runs(store: Store, args: argparse.Namespace) -> None:
-    runs = [run.to_dict() for run in store.runs()]
-    _emit(args, runs, _table(runs, RUN_COLUMNS) if runs else "no runs yet")
+def _listing(
+    args: argparse.Namespace, rows: list[dict[str, Any]], columns: Sequence[str], empty: str
+) -> None:
+    """A table of `rows`, or when there are none one lowercase line, `empty`, on stdout."""
+    _emit(args, rows, _table(rows, columns) if rows else empty)
 
 
-def _candidates(store: Store, args: argparse.Namespace) -> None:
-    rows = [c.to_dict() for c in store.candidates(args.run, args.site, args.limit)]
-    _emit(args, rows, _table(rows, CANDIDATE_COLUMNS) if rows else "no candidates")
+def _runs(store: StoreReader, args: argparse.Namespace) -> None:
+    _listing(args, [run.to_dict() for run in store.runs()], RUN_COLUMNS, "no runs yet")
 
 
-def _search(store: Store, args: argparse.Namespace) -> None:
+def _candidates(store: StoreReader, args: argparse.Namespace) -> None:
+    site_id, site_key = None, args.site
+    if args.site is not None and args.site.isdigit():
+        site_id, site_key = int(args.site), None
+    listed = store.candidates(args.run, site_id, args.limit, site_key)
+    _listing(args, [c.to_dict() for c in listed], CANDIDATE_COLUMNS, "no candidates")
+
+
+def _search(store: StoreReader, args: argparse.Namespace) -> None:
     hits = store.search(args.query, fts_syntax=args.fts, run_id=args.run, limit=args.limit)
     rows = [hit.to_dict() for hit in hits]
-    text = _table(rows, [*CANDIDATE_COLUMNS[:-1], "snippet"]) if rows else "no matches"
-    _emit(args, rows, text)
+    _listing(args, rows, [*CANDIDATE_COLUMNS[:-1], "snippet"], "no matches")
 
 
-def _show(store: Store, args: argparse.Namespace) -> None:
+def _show(store: StoreReader, args: argparse.Namespace) -> None:
     candidate = store.candidate(args.id)
     data = candidate.to_dict()
     header = {key: value for key, value in data.items() if key not in ("source", "verdict")}
@@ -83,7 +97,7 @@ def _show(store: Store, args: argparse.Namespace) -> None:
     _emit(args, data, "\n".join(lines))
 
 
-def _diff(store: Store, args: argparse.Namespace) -> None:
+def _diff(store: StoreReader, args: argparse.Namespace) -> None:
     if args.other is not None:
         diffs = [diff_candidates(store, args.id, args.other)]
     else:
@@ -97,12 +111,12 @@ def _diff(store: Store, args: argparse.Namespace) -> None:
     _emit(args, [d.to_dict() for d in diffs], text)
 
 
-def _best(store: Store, args: argparse.Namespace) -> None:
+def _best(store: StoreReader, args: argparse.Namespace) -> None:
     rows = [c.to_dict() for c in store.best(args.run)]
-    _emit(args, rows, _table(rows, BEST_COLUMNS) if rows else "no accepted candidate yet")
+    _listing(args, rows, BEST_COLUMNS, "no accepted candidate yet")
 
 
-def _export(store: Store, args: argparse.Namespace) -> None:
+def _export(store: StoreReader, args: argparse.Namespace) -> None:
     paths = export(store, args.format, Path(args.out), args.run, args.min_speedup)
     _emit(args, [str(path) for path in paths], "\n".join(str(path) for path in paths))
 
@@ -131,12 +145,21 @@ def _parser() -> argparse.ArgumentParser:
 
     listing = commands.add_parser("candidates", parents=[common], help="list candidates")
     listing.add_argument("--run", type=int, help="only this run's candidates")
-    listing.add_argument("--site", type=int, help="only this site's candidates")
+    listing.add_argument(
+        "--site",
+        help="only this site's candidates: its id, or its key (e.g. reduction-1eccd0f77a); a key"
+        " names the same op in every run that profiled it, so it lists all those runs' sites"
+        " unless --run picks one",
+    )
     listing.add_argument("--limit", type=int, help="at most this many")
     listing.set_defaults(act=_candidates)
 
     search = commands.add_parser("search", parents=[common], help="full-text search")
-    search.add_argument("query", help="words to find in sources, rationales, sites, reasons")
+    search.add_argument(
+        "query",
+        help="words to find in sources, rationales, sites, reasons: every word, each as the"
+        " start of a word (warp finds warps)",
+    )
     search.add_argument("--fts", action="store_true", help="the query is SQLite FTS5 syntax")
     search.add_argument("--run", type=int, help="only this run's candidates")
     search.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
@@ -170,13 +193,29 @@ def _parser() -> argparse.ArgumentParser:
     out.add_argument("--out", required=True, help="folder to write into")
     out.add_argument("--run", type=int, help="only this run (kernelbench: default the latest)")
     out.set_defaults(act=_export)
+
+    commands.add_parser(
+        "upgrade",
+        parents=[common],
+        help="bring a store written by an older Kiln to this one's schema (writes the file)",
+    )
     return parser
+
+
+def _upgrade(db: Path, args: argparse.Namespace) -> None:
+    # The one command that writes: opening for writing applies the schema steps the store lacks.
+    Store.open(db, create=False).close()
+    text = f"{db} is at the current schema ({', '.join(MIGRATION_NAMES)})"
+    _emit(args, {"db": str(db), "schema": list(MIGRATION_NAMES)}, text)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     db = getattr(args, "db", None) or Path(os.environ.get("KILN_DB") or DEFAULT_DB)
     args.json = getattr(args, "json", False)
-    with Store.open(db, create=False) as store:
+    if args.command == "upgrade":
+        _upgrade(db, args)
+        return 0
+    with StoreReader.open(db, brief=True) as store:
         args.act(store, args)
     return 0

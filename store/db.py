@@ -151,15 +151,24 @@ def connect_writer(path: Path, create: bool) -> Database:
     return db
 
 
-def connect_reader(path: Path) -> Database:
-    """A read-only connection usable from any thread (Streamlit serves pages from several)."""
+def connect_reader(path: Path, *, brief: bool = False) -> Database:
+    """A read-only connection usable from any thread (Streamlit serves pages from several).
+
+    SQLite reads a WAL store beside a writer through `-wal` and `-shm` files next to it, which
+    a reader creates and, being read-only, leaves behind; in a folder it cannot write it cannot
+    create them, so a long-lived reader (the app) is refused there. A `brief` reader (one
+    command) of a store with no `-wal` file, so no writer at work, reads it as immutable, which
+    creates and changes nothing, read-only folder or not. A writer that starts within those
+    moments and checkpoints into the file could give it a torn read, never a damaged file.
+    """
     if not path.exists():
         raise KilnInputError(
             f"there is no Kiln store at {path}",
             "pass --db with the store's path, or set KILN_DB",
         )
     _check_sqlite_file(path)
-    if not os.access(path.parent, os.W_OK):
+    idle = not path.with_name(path.name + "-wal").exists()
+    if not (brief or os.access(path.parent, os.W_OK)):
         raise KilnInputError(
             f"cannot read the Kiln store {path}: its folder is read-only, and SQLite must create"
             f" {path.name}-shm beside a store in WAL mode to read it safely",
@@ -170,10 +179,11 @@ def connect_reader(path: Path) -> Database:
     if len(applied) < len(MIGRATION_NAMES):
         raise KilnInputError(
             f"{path} was written by an older Kiln and has not been upgraded yet",
-            f"upgrade it by opening it once for writing: python -m store --db {path} runs",
+            f"upgrade it once (this writes the file): python -m store --db {path} upgrade",
         )
+    mode = "mode=ro&immutable=1" if brief and idle else "mode=ro"
     conn = sqlite3.connect(
-        f"{path.resolve().as_uri()}?mode=ro",
+        f"{path.resolve().as_uri()}?{mode}",
         uri=True,
         timeout=BUSY_TIMEOUT_S,
         check_same_thread=False,

@@ -1,10 +1,10 @@
-"""Reading a store: runs, sites, candidates, full-text search, the best kernel of each site."""
+"""Reading a store: runs, sites, candidates, lineage, search, the best kernel of each site."""
 
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Self
@@ -14,7 +14,16 @@ from sqlite_utils import Database
 from core.runtime.errors import KilnInputError
 from store.db import connect_reader
 from store.liveness import run_writer_alive
-from store.records import Candidate, CandidateSummary, LlmCall, Run, Site
+from store.records import (
+    Candidate,
+    CandidateSummary,
+    LlmCall,
+    Run,
+    RunHeartbeat,
+    Site,
+    StoreVersion,
+)
+from store.search import VERDICTS, SearchFilters, find
 
 _RUN_SQL = """
     SELECT r.*, m.spec AS model_spec, m.hash AS model_hash,
@@ -44,9 +53,9 @@ _FULL_SQL = f"""
     {_SUMMARY_FROM}
 """
 _BOOLEANS = ("compiled", "correct", "accepted")
-# BM25 ranking costs 1-2 us per matching candidate (100-150 ms for 100,000 matches), so past
-# this many matches a search lists the newest first to answer within 100 ms; counting the
-# matches first costs 1-12 ms (bench/results/store_bench.md).
+# BM25 ranking costs time per matching candidate, past the 100 ms target when every candidate
+# of a 100,000-candidate store matches, so past this many matches a search lists the newest
+# first; counting the matches first costs little (bench/results/store_bench.md).
 RANKED_MATCHES_MAX = 30_000
 
 
@@ -81,9 +90,10 @@ class StoreReader:
         self.path = path
 
     @classmethod
-    def open(cls, path: str | Path) -> StoreReader:
+    def open(cls, path: str | Path, *, brief: bool = False) -> StoreReader:
+        """`brief`: for one command's reads, which works in a read-only folder as well."""
         path = Path(path)
-        return cls(connect_reader(path), path)
+        return cls(connect_reader(path, brief=brief), path)
 
     def close(self) -> None:
         self.db.close()
@@ -164,17 +174,27 @@ class StoreReader:
         return _site(rows[0])
 
     def candidates(
-        self, run_id: int | None = None, site_id: int | None = None, limit: int | None = None
+        self,
+        run_id: int | None = None,
+        site_id: int | None = None,
+        limit: int | None = None,
+        site_key: str | None = None,
     ) -> list[CandidateSummary]:
-        """Candidates in the order they were proposed, optionally of one run or one site."""
-        where, params = self._scope(run_id, site_id)
+        """Candidates in the order they were proposed, optionally of one run or one site.
+
+        A `site_key` names the same op in every run that profiled it, so it keeps the
+        candidates of all those runs' sites of that key, or of `run_id`'s alone.
+        """
+        where, params = self._scope(run_id, site_id, site_key)
         sql = f"{_SUMMARY_SQL} {where} ORDER BY c.id"
         if limit is not None:
             sql += " LIMIT :limit"
             params["limit"] = limit
         return [_summary(row) for row in self._rows(sql, params)]
 
-    def _scope(self, run_id: int | None, site_id: int | None) -> tuple[str, dict[str, Any]]:
+    def _scope(
+        self, run_id: int | None, site_id: int | None, site_key: str | None = None
+    ) -> tuple[str, dict[str, Any]]:
         clauses, params = [], {}
         if run_id is not None:
             self._require("runs", "run", run_id)
@@ -184,7 +204,25 @@ class StoreReader:
             self._require("sites", "site", site_id)
             clauses.append("c.site_id = :site_id")
             params["site_id"] = site_id
+        if site_key is not None:
+            clauses.append("s.key = :site_key")
+            params["site_key"] = site_key
+            self._require_site_key(site_key, run_id)
         return ("WHERE " + " AND ".join(clauses) if clauses else ""), params
+
+    def _require_site_key(self, key: str, run_id: int | None) -> None:
+        runs = [row[0] for row in self.db.execute("SELECT run_id FROM sites WHERE key = ?", [key])]
+        if run_id is None and not runs:
+            raise KilnInputError(
+                f"there is no site {key} in {self.path}",
+                "pass a site id or key from: python -m store --json candidates (site_id, site_key)",
+            )
+        if run_id is not None and run_id not in runs:
+            elsewhere = f" (runs with it: {', '.join(map(str, runs))})" if runs else ""
+            raise KilnInputError(
+                f"run {run_id} has no site {key}{elsewhere}",
+                "leave out --run to list that site's candidates in every run, or pick another",
+            )
 
     def candidate(self, candidate_id: int) -> Candidate:
         rows = self._rows(f"{_FULL_SQL} WHERE c.id = ?", [candidate_id])
@@ -209,64 +247,84 @@ class StoreReader:
         *,
         fts_syntax: bool = False,
         run_id: int | None = None,
+        filters: SearchFilters | None = None,
         limit: int = 50,
     ) -> list[CandidateSummary]:
         """Candidates whose source, rationale, site signature or ops, or rejection reason match.
 
-        Plain text matches every word given, in any order. With `fts_syntax` the query is SQLite
-        FTS5 syntax (AND/OR/NOT, "phrases", prefix*, NEAR, `column:` filters), and invalid
-        syntax is a `KilnInputError`. Best matches (BM25) come first; a query matching more than
-        `RANKED_MATCHES_MAX` candidates lists the newest first instead.
+        Plain text matches every word given as a word prefix, in any order. With `fts_syntax`
+        the query is SQLite FTS5 syntax (AND/OR/NOT, "phrases", prefix*, NEAR, `column:`
+        filters), and invalid syntax is a `KilnInputError`. Best matches (BM25) come first; a
+        query matching more than `RANKED_MATCHES_MAX` candidates lists the newest first instead.
+        A blank query lists the newest candidates. `run_id` keeps one run's candidates, in place
+        of `filters.runs`.
         """
-        match = query if fts_syntax else self.db.quote_fts(query)
-        params: dict[str, Any] = {"match": match, "limit": limit, "run_id": run_id}
-        within_run = join_run = ""
+        filters = filters or SearchFilters()
         if run_id is not None:
             self._require("runs", "run", run_id)
-            params["low"], params["high"] = self.db.execute(
-                "SELECT min(c.id), max(c.id) FROM candidates c JOIN sites s ON s.id = c.site_id"
-                " WHERE s.run_id = ?",
-                [run_id],
-            ).fetchone()
-            if params["low"] is None:
-                return []
-            # The id range lets the index skip other runs' matches before any join.
-            within_run = "AND candidate_fts.rowid BETWEEN :low AND :high"
-            join_run = (
-                "JOIN candidates c ON c.id = candidate_fts.rowid"
-                " JOIN sites s ON s.id = c.site_id AND s.run_id = :run_id"
-            )
-        try:
-            (matches,) = self.db.execute(
-                f"SELECT count(*) FROM candidate_fts WHERE candidate_fts MATCH :match {within_run}",
-                params,
-            ).fetchone()
-            newest_first = matches > RANKED_MATCHES_MAX
-            order = "candidate_fts.rowid DESC" if newest_first else "bm25(candidate_fts)"
-            # Rank on the index alone, then fetch the rows of the few shown: joining the rows
-            # before the LIMIT would build one for every match.
-            snippets = dict(
-                self.db.execute(
-                    "SELECT candidate_fts.rowid,"
-                    " snippet(candidate_fts, -1, '[', ']', '...', 12)"
-                    f" FROM candidate_fts {join_run}"
-                    f" WHERE candidate_fts MATCH :match {within_run}"
-                    f" ORDER BY {order} LIMIT :limit",
-                    params,
-                ).fetchall()
-            )
-        except sqlite3.OperationalError as err:
-            # The statements are fixed; a plain SQLITE_ERROR here comes from the query text.
-            if not fts_syntax or getattr(err, "sqlite_errorname", "") != "SQLITE_ERROR":
-                raise
-            raise KilnInputError(
-                f"the search {query!r} is not valid full-text search syntax: {err}",
-                'quote phrases with "double quotes" and balance parentheses, or search without'
-                " --fts to match the words as written",
-            ) from err
+            filters = replace(filters, runs=(run_id,))
+        snippets = find(
+            self.db,
+            query,
+            fts_syntax=fts_syntax,
+            filters=filters,
+            limit=limit,
+            ranked_matches_max=RANKED_MATCHES_MAX,
+        )
         listed = ", ".join(str(ident) for ident in snippets)
         rows = {row["id"]: row for row in self._rows(f"{_SUMMARY_SQL} WHERE c.id IN ({listed})")}
         return [_summary({**rows[ident], "snippet": text}) for ident, text in snippets.items()]
+
+    def filter_choices(self) -> SearchFilters:
+        """Every value each search filter can take in this store; runs newest first."""
+
+        def distinct(sql: str) -> tuple:
+            return tuple(row[0] for row in self.db.execute(sql).fetchall())
+
+        return SearchFilters(
+            tiers=distinct("SELECT DISTINCT tier FROM candidates ORDER BY 1"),
+            generators=distinct("SELECT DISTINCT generator FROM candidates ORDER BY 1"),
+            verdicts=VERDICTS,
+            families=distinct("SELECT DISTINCT family FROM sites ORDER BY 1"),
+            gpus=distinct("SELECT DISTINCT gpu FROM runs ORDER BY 1"),
+            runs=distinct("SELECT id FROM runs ORDER BY id DESC"),
+        )
+
+    def children(self, candidate_id: int) -> list[int]:
+        """The candidates made from this one, in the order they were proposed."""
+        self._require("candidates", "candidate", candidate_id)
+        rows = self.db.execute(
+            "SELECT id FROM candidates WHERE parent_id = ? ORDER BY id", [candidate_id]
+        )
+        return [row[0] for row in rows]
+
+    def ancestors(self, candidate_id: int) -> list[int]:
+        """Parent, grandparent and so on up to the first draft, in one query however deep."""
+        self._require("candidates", "candidate", candidate_id)
+        rows = self.db.execute(
+            """WITH RECURSIVE line(id, parent_id, depth) AS (
+                SELECT id, parent_id, 0 FROM candidates WHERE id = :id
+                UNION ALL
+                SELECT c.id, c.parent_id, line.depth + 1
+                FROM candidates c JOIN line ON c.id = line.parent_id
+            ) SELECT id FROM line WHERE depth > 0 ORDER BY depth""",
+            {"id": candidate_id},
+        )
+        return [row[0] for row in rows]
+
+    def version(self) -> StoreVersion:
+        """Changes whenever anything is written, a run finishes, or a running run's writer dies."""
+        *last_ids, last_finished_at = self.db.execute(
+            "SELECT (SELECT max(id) FROM runs), (SELECT max(id) FROM sites),"
+            " (SELECT max(id) FROM candidates), (SELECT max(id) FROM verdicts),"
+            " (SELECT max(id) FROM llm_calls), (SELECT max(finished_at) FROM runs)"
+        ).fetchone()
+        now = datetime.now(UTC)
+        running = tuple(
+            RunHeartbeat(row["id"], row["heartbeat_at"], run_writer_alive(row, now))
+            for row in self._rows("SELECT * FROM runs WHERE status = 'running' ORDER BY id")
+        )
+        return StoreVersion(tuple(last_ids), last_finished_at, running)
 
     def best(self, run_id: int | None = None) -> list[CandidateSummary]:
         """The fastest accepted candidate of each site of a run (the latest run by default)."""

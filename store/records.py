@@ -1,4 +1,4 @@
-"""What the store hands back: runs, sites, candidates, LLM calls, as plain frozen dataclasses."""
+"""What the store hands back: runs, sites, candidates, LLM calls, versions; frozen dataclasses."""
 
 from __future__ import annotations
 
@@ -160,3 +160,33 @@ class RunState:
     def unevaluated(self) -> list[Candidate]:
         """Candidates whose evaluation the dead writer never finished."""
         return [c for c in self.candidates if c.verdict is None]
+
+
+@dataclass(frozen=True)
+class RunHeartbeat:
+    """A run whose row says it is running: its last heartbeat and whether its writer lives."""
+
+    run_id: int
+    heartbeat_at: str
+    writer_alive: bool
+
+
+@dataclass(frozen=True)
+class StoreVersion:
+    """What changes whenever anything is written, a run finishes, or a run's writer dies.
+
+    Equal versions mean the store reads the same: the app caches its queries under one.
+    """
+
+    # The highest id of runs, sites, candidates, verdicts and LLM calls; None for an empty table.
+    last_ids: tuple[int | None, ...]
+    last_finished_at: str | None
+    running: tuple[RunHeartbeat, ...]
+
+    @property
+    def has_runs(self) -> bool:
+        return self.last_ids[0] is not None
+
+    def writing(self, run_id: int | None = None) -> bool:
+        """Whether a run (this one, or any) is being written right now."""
+        return any(beat.writer_alive and run_id in (None, beat.run_id) for beat in self.running)

@@ -79,3 +79,16 @@ def test_bad_full_text_syntax_is_explained(store_env):
     (error,) = app.error
     assert "not valid full-text search syntax" in error.value
     assert "double quotes" in error.value
+
+
+def test_words_match_the_start_of_words_as_in_the_store(store_env):
+    with open_reader(store_env.path) as reader:
+        target = next(c for c in reader.candidates() if "hide memory latency" in c.rationale)
+        ranked = [c.id for c in reader.search("hid mem laten", limit=200)]
+        gpu = reader.run(target.run_id).gpu
+    app = open_page("kernels.py", q="hid mem laten")
+    assert found_ids(app) == ranked
+    assert ranked[0] == target.id
+    row = app.dataframe[0].value.iloc[0]
+    assert "[hide] [memory] [latency]" in row["snippet"]
+    assert row["gpu"] == gpu

@@ -63,13 +63,15 @@ def test_a_store_in_a_read_only_location(tmp_path):
     folder.mkdir()
     filled = fill_store(folder / "kiln.db")
     with read_only(filled.path, folder):
-        assert_refused(folder, ["--db", str(filled.path), "runs"], f"{folder} is read-only")
+        assert_refused(folder, ["--db", str(filled.path), "upgrade"], f"{folder} is read-only")
         with pytest.raises(KilnInputError, match="its folder is read-only"):
             open_reader(filled.path)
         with pytest.raises(KilnInputError, match="is read-only"):
             Store.open(folder / "new.db")
     with read_only(filled.path):
-        assert_refused(folder, ["--db", str(filled.path), "runs"], f"{filled.path} is read-only")
+        assert_refused(
+            folder, ["--db", str(filled.path), "upgrade"], f"{filled.path} is read-only"
+        )
 
 
 def test_an_export_into_a_read_only_folder(tmp_path):
@@ -104,3 +106,20 @@ def test_ids_that_do_not_exist(tmp_path):
     assert_refused(tmp_path, [*db, "candidates", "--run", "7"], "there is no run 7")
     assert_refused(tmp_path, [*db, "candidates", "--site", "7"], "there is no site 7")
     assert_refused(tmp_path, [*db, "diff", "1", "999"], "there is no candidate 999")
+
+
+def test_site_keys_that_do_not_exist(tmp_path):
+    filled = fill_store(tmp_path / "kiln.db")
+    db = ["--db", str(filled.path)]
+    assert_refused(
+        tmp_path, [*db, "candidates", "--site", "reduction-1eccd0f77a"],
+        f"there is no site reduction-1eccd0f77a in {filled.path}",
+    )  # fmt: skip
+    with Store.open(filled.path) as store:
+        newer = store.start_run(
+            model_spec="b.py", model_hash="2", gpu="H200", versions={}, config={}
+        )
+    assert_refused(
+        tmp_path, [*db, "candidates", "--site", "reduction-5e6f7a8b", "--run", str(newer)],
+        f"run {newer} has no site reduction-5e6f7a8b (runs with it: {filled.run})",
+    )  # fmt: skip

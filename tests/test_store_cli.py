@@ -104,3 +104,57 @@ def test_best_gives_the_fastest_accepted_per_site_of_the_latest_run(tmp_path):
         filled.faster
     ]
     assert run_cli(*db, "best", "--run", str(newer)).stdout == "no accepted candidate yet\n"
+
+
+def add_run_with_site(path, key: str) -> tuple[int, int]:
+    """A second run profiling a site of the same key; its run id and its one candidate's id."""
+    with Store.open(path) as store:
+        run = store.start_run(model_spec="b.py", model_hash="2", gpu="H200", versions={}, config={})
+        site = store.add_site(
+            run, key=key, family="reduction", signature="softmax(f32[16,1000], dim=-1)",
+            ops=["aten._softmax.default"], calls=2, share=0.1, time_ms=None, eager_ms=None,
+            compile_ms=None, floor_ms=None, problem_source="problem",
+        )  # fmt: skip
+        candidate = store.add_candidate(
+            site, parent_id=None, tier="triton", generator="rules", rationale="again",
+            source=triton_candidate(64),
+        ).id  # fmt: skip
+    return run, candidate
+
+
+def test_candidates_of_a_site_by_its_key_in_every_run_or_one(tmp_path):
+    filled = fill_store(tmp_path / "kiln.db")
+    db = ["--db", str(filled.path)]
+    of_key = cli_json(*db, "--json", "candidates", "--site", "pointwise-1a2b3c4d")
+    assert [row["id"] for row in of_key] == [
+        filled.draft, filled.faster, filled.mismatch, filled.pending
+    ]  # fmt: skip
+    newer, again = add_run_with_site(filled.path, "reduction-5e6f7a8b")
+    every_run = cli_json(*db, "--json", "candidates", "--site", "reduction-5e6f7a8b")
+    assert [row["id"] for row in every_run] == [filled.broken, again]
+    one_run = cli_json(*db, "--json", "candidates", "--site", "reduction-5e6f7a8b", "--run",
+                       str(newer))  # fmt: skip
+    assert [row["id"] for row in one_run] == [again]
+    assert "unless --run picks one" in " ".join(run_cli("candidates", "--help").stdout.split())
+
+
+def test_empty_listings_say_so_in_one_lowercase_line(tmp_path):
+    filled = fill_store(tmp_path / "kiln.db")
+    db = ["--db", str(filled.path)]
+    newer, _ = add_run_with_site(filled.path, "reduction-00000000")
+    with Store.open(filled.path) as store:
+        empty_run = store.start_run(
+            model_spec="c.py", model_hash="3", gpu="H200", versions={}, config={}
+        )
+    listings = {
+        ("candidates", "--run", str(empty_run)): "no candidates",
+        ("search", "cutlass"): "no matches",
+        ("search", "--fts", "cutlass"): "no matches",
+        ("best", "--run", str(newer)): "no accepted candidate yet",
+    }
+    for args, message in listings.items():
+        result = run_cli(*db, *args)
+        assert (result.returncode, result.stdout, result.stderr) == (0, f"{message}\n", ""), args
+        assert cli_json(*db, *args, "--json") == [], args
+    Store.open(tmp_path / "empty.db").close()
+    assert run_cli("--db", str(tmp_path / "empty.db"), "runs").stdout == "no runs yet\n"

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 
 import pytest
 from sqlite_utils import Database
-from store_fixture import fill_store, triton_candidate
+from store_fixture import fill_store, run_cli, triton_candidate
 
 from core.runtime.errors import KilnInputError
 from store import Store, open_reader
@@ -64,8 +65,8 @@ def test_reader_is_read_only_and_usable_from_another_thread(tmp_path):
     reader.close()
 
 
-def test_store_at_an_older_schema_is_upgraded_and_its_candidates_indexed(tmp_path):
-    path = tmp_path / "old.db"
+def older_store(path) -> None:
+    """A store as the first release wrote it: one run, one site, one candidate."""
     with Database(path) as db:
         MIGRATIONS.apply(db, stop_before="m002_search")
         db.execute("INSERT INTO models VALUES (1, 'm.py', 'h', '2026-01-01')")
@@ -85,6 +86,11 @@ def test_store_at_an_older_schema_is_upgraded_and_its_candidates_indexed(tmp_pat
             " '2026-01-01')",
             [triton_candidate(512)],
         )
+
+
+def test_store_at_an_older_schema_is_upgraded_and_its_candidates_indexed(tmp_path):
+    path = tmp_path / "old.db"
+    older_store(path)
     assert applied(path) == ["m001_records"]
 
     with pytest.raises(KilnInputError, match="older Kiln"):
@@ -95,3 +101,19 @@ def test_store_at_an_older_schema_is_upgraded_and_its_candidates_indexed(tmp_pat
     assert applied(path) == list(MIGRATION_NAMES)
     with open_reader(path) as reader:
         assert reader.run(1).status == "done"
+
+
+def test_read_commands_leave_an_older_store_alone_and_upgrade_brings_it_up(tmp_path):
+    path = tmp_path / "old.db"
+    older_store(path)
+    refused = run_cli("--db", str(path), "runs")
+    assert refused.returncode == 2, refused.stderr
+    assert "written by an older Kiln" in refused.stderr
+    assert f"python -m store --db {path} upgrade" in refused.stderr
+    assert applied(path) == ["m001_records"]
+    upgraded = run_cli("--db", str(path), "upgrade", "--json")
+    assert upgraded.returncode == 0, upgraded.stderr
+    assert json.loads(upgraded.stdout) == {"db": str(path), "schema": list(MIGRATION_NAMES)}
+    assert applied(path) == list(MIGRATION_NAMES)
+    listed = run_cli("--db", str(path), "--json", "candidates")
+    assert [row["rationale"] for row in json.loads(listed.stdout)] == ["older draft"]

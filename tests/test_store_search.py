@@ -14,7 +14,8 @@ from store_fixture import (
 )
 
 from core.runtime.errors import KilnInputError
-from store import Store, open_reader
+from store import VERDICTS, SearchFilters, Store, open_reader
+from store.search import plain_words
 
 
 def found(store, query: str, **options) -> set[int]:
@@ -127,3 +128,115 @@ def test_cli_search_lists_candidates_as_json(tmp_path):
     assert table.returncode == 0, table.stderr
     assert table.stdout.splitlines()[0].split()[:3] == ["id", "parent_id", "site_id"]
     assert table.stdout.splitlines()[1].split()[0] == str(filled.broken)
+
+
+def add_warps_kernel(filled) -> int:
+    """A second softmax of the reduction site, whose rationale speaks of warps."""
+    with Store.open(filled.path) as store:
+        return store.add_candidate(
+            filled.reduction, parent_id=None, tier="triton", generator="rules",
+            rationale="two warps per row, max and sum in one pass",
+            source=triton_candidate(32),
+        ).id  # fmt: skip
+
+
+def test_plain_words_match_the_start_of_words(tmp_path):
+    filled = fill_store(tmp_path / "kiln.db")
+    warps = add_warps_kernel(filled)
+    with open_reader(filled.path) as store:
+        assert found(store, "softmax warp") == {warps}
+        assert found(store, "softmax warps") == {warps}
+        assert found(store, "smal BLOCK") == {filled.faster}
+        assert found(store, "warp", fts_syntax=True) == set(), "FTS syntax: whole words"
+    result = run_cli("--db", str(filled.path), "search", "softmax warp", "--json")
+    assert [hit["id"] for hit in json.loads(result.stdout)] == [warps], result.stderr
+
+
+def test_plain_words_are_quoted_so_no_text_is_fts_syntax():
+    assert plain_words('say "hi" NEAR(a b)  rationale:x *') == (
+        '"say"* """hi"""* "NEAR(a"* "b)"* "rationale:x"* "*"*'
+    )
+
+
+def test_plain_text_with_a_column_filter_is_taken_literally(tmp_path):
+    filled = fill_store(tmp_path / "kiln.db")
+    with open_reader(filled.path) as store:
+        assert found(store, "rationale:blocks", fts_syntax=True) == {filled.faster, filled.pending}
+        assert found(store, "rationale:blocks") == set()
+
+
+def searched(store, query: str = "", **filters) -> list[int]:
+    return [hit.id for hit in store.search(query, filters=SearchFilters(**filters))]
+
+
+def test_filters_narrow_a_search_and_a_blank_query_lists_the_newest(tmp_path):
+    filled = fill_store(tmp_path / "kiln.db")
+    with Store.open(filled.path) as store:
+        other = store.start_run(
+            model_spec="other.py", model_hash="1", gpu="NVIDIA H100", versions={}, config={}
+        )
+        site = store.add_site(
+            other, key="pointwise-1a2b3c4d", family="pointwise", signature="relu(f32[8])",
+            ops=["aten.relu.default"], calls=1, share=1.0, time_ms=None, eager_ms=None,
+            compile_ms=None, floor_ms=None, problem_source="problem",
+        )  # fmt: skip
+        on_h100 = store.add_candidate(
+            site, parent_id=None, tier="cuda", generator="llm", rationale="fuse in one pass",
+            source=triton_candidate(64),
+        ).id  # fmt: skip
+    everything = [on_h100, filled.broken, filled.pending, filled.mismatch, filled.faster,
+                  filled.draft]  # fmt: skip
+    with open_reader(filled.path) as store:
+        assert searched(store) == everything
+        assert searched(store, verdicts=("accepted",)) == [filled.faster, filled.draft]
+        assert searched(store, verdicts=("incorrect", "pending")) == [
+            on_h100, filled.pending, filled.mismatch
+        ]  # fmt: skip
+        assert searched(store, verdicts=("compile failed",)) == [filled.broken]
+        assert searched(store, verdicts=("rejected",)) == []
+        assert searched(store, generators=("llm",), families=("reduction",)) == [filled.broken]
+        assert searched(store, tiers=("cuda",)) == [on_h100]
+        assert searched(store, gpus=("NVIDIA H100",)) == [on_h100]
+        assert searched(store, runs=(filled.run,)) == everything[1:]
+        assert searched(store, "tl.maximum", gpus=("NVIDIA H200",)) == searched(
+            store, "tl.maximum", runs=(filled.run,)
+        )
+        assert set(searched(store, "tl.maximum", runs=(other,))) == {on_h100}
+        assert set(searched(store, "one pass", runs=(other, filled.run))) == {on_h100, filled.draft}
+        assert searched(store, "one pass", runs=(other,)) == [on_h100]
+        assert searched(store, "fuse", tiers=("triton",)) == [filled.draft]
+        hits = store.search("blocks OR programs", fts_syntax=True, filters=SearchFilters(
+            verdicts=("accepted", "pending")))  # fmt: skip
+        assert [hit.id for hit in hits] == [filled.faster, filled.pending], "best match first"
+        assert hits[0].snippet == "smaller [blocks] for more [programs] in flight"
+        assert store.search("", filters=SearchFilters(tiers=("cuda",)))[0].snippet is None
+        assert found(store, "tl.maximum", run_id=other, filters=SearchFilters(runs=(7,))) == {
+            on_h100
+        }, "run_id stands in place of the filters' runs"
+    with pytest.raises(KilnInputError, match="unknown verdict filter 'slow'"):
+        SearchFilters(verdicts=("slow",))
+
+
+def test_filtered_search_too_many_to_rank_lists_the_newest_first(tmp_path, monkeypatch):
+    filled = fill_store(tmp_path / "kiln.db")
+    with open_reader(filled.path) as store:
+        monkeypatch.setattr("store.reader.RANKED_MATCHES_MAX", 3)
+        newest_first = searched(store, "tl.maximum", tiers=("triton",))
+    assert newest_first == [filled.pending, filled.mismatch, filled.faster, filled.draft]
+
+
+def test_filter_choices_are_the_values_in_the_store(tmp_path):
+    filled = fill_store(tmp_path / "kiln.db")
+    with Store.open(filled.path) as store:
+        newer = store.start_run(
+            model_spec="b.py", model_hash="2", gpu="NVIDIA B200", versions={}, config={}
+        )
+    with open_reader(filled.path) as store:
+        assert store.filter_choices() == SearchFilters(
+            tiers=("triton",),
+            generators=("llm", "rules"),
+            verdicts=VERDICTS,
+            families=("pointwise", "reduction"),
+            gpus=("NVIDIA B200", "NVIDIA H200"),
+            runs=(newer, filled.run),
+        )
