@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core.evaluate import EvalConfig, Evaluator  # noqa: E402
 from core.runtime import cuda as cuda_runtime  # noqa: E402
-from core.timing.model_timing import rotation_copies, time_model  # noqa: E402
+from core.timing.model_timing import rotation_sets, time_model  # noqa: E402
 
 POINTWISE_64MB = '''
 import torch
@@ -225,8 +225,7 @@ def reference_vs_eager() -> None:
         torch.manual_seed(0)
         model = namespace["Model"](*namespace["get_init_inputs"]()).to(device).eval()
         inputs = [t.to(device) for t in namespace["get_inputs"]()]
-        copies = rotation_copies(inputs, device, 1 << 30)
-        sets = [[t.clone() for t in inputs] for _ in range(copies)]
+        sets = rotation_sets(inputs, device, 1 << 30)
         ours = time_model(model, sets, device, warmup=10, trials=100).median_ms
         with torch.no_grad():
             eager = triton.testing.do_bench(lambda m=model, x=inputs: m(*x), warmup=25,

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from core.evaluate import EvalConfig, evaluate  # noqa: E402
 from core.profile.load import import_file  # noqa: E402
 from core.runtime.errors import KilnInputError, exit_on_input_error  # noqa: E402
-from core.timing.model_timing import clone_inputs, rotation_copies, time_model  # noqa: E402
+from core.timing.model_timing import rotation_sets, time_model  # noqa: E402
 from generators.site_graph import load_site_graph  # noqa: E402
 from generators.triton.conv import write_conv_epilogue  # noqa: E402
 from generators.triton.matmul import MatmulConfig, write_triton_matmul  # noqa: E402
@@ -82,8 +82,7 @@ def compiled_ms(problem: Path, warmup: int, trials: int) -> float:
     model = torch.compile(module.Model())
     torch.manual_seed(0)
     inputs = [t.to(device) for t in module.get_inputs()]
-    copies = rotation_copies(inputs, device, 1 << 30)
-    input_sets = [inputs] + [clone_inputs(inputs) for _ in range(copies - 1)]
+    input_sets = rotation_sets(inputs, device, 1 << 30)
     return time_model(model, input_sets, device, warmup, trials).median_ms
 
 

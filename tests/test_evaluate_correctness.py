@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from core.evaluate import EvalConfig, Evaluator
+from core.evaluate import EvalConfig, Evaluator, correctness
 from core.evaluate.correctness import (
     TOLERANCES,
     changed_inputs,
     compare_outputs,
-    outputs_identical,
+    fingerprint,
     tolerance_name,
 )
 from core.evaluate.guard import Guard, guarded_copy, poison_mask
@@ -138,8 +138,47 @@ def test_input_mutation_is_found_bit_for_bit():
 
 def test_identical_outputs_are_recognised_for_cache_detection():
     a = (torch.tensor([1.0, float("nan")]), 3)
-    assert outputs_identical(a, (a[0].clone(), 3))
-    assert not outputs_identical(a, (torch.tensor([1.0, 2.0]), 3))
+    assert fingerprint(a) == fingerprint((a[0].clone(), 3))
+    assert fingerprint(a) != fingerprint((torch.tensor([1.0, 2.0]), 3))
+    assert fingerprint(a) != fingerprint((a[0].clone(), 4))
+    # The same bits in another order are another output.
+    assert fingerprint(torch.tensor([1.0, 2.0])) != fingerprint(torch.tensor([2.0, 1.0]))
+
+
+@pytest.fixture
+def small_pieces(monkeypatch):
+    """Comparisons walk tensors 7 elements at a time, so that small tensors span many pieces."""
+    monkeypatch.setitem(correctness.CHUNK_ELEMENTS, "cpu", 7)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "sliced"])
+def test_pieces_cover_every_element_once_in_order(small_pieces, layout):
+    base = torch.arange(6 * 11, dtype=torch.float32).reshape(6, 11)
+    tensor = {"contiguous": base, "transposed": base.t(), "sliced": base[:, 1:10:2]}[layout]
+    seen = torch.cat([piece for _, (piece,) in correctness.pieces(tensor)])
+    offsets = [offset for offset, _ in correctness.pieces(tensor)]
+    assert torch.equal(seen, tensor.reshape(-1))
+    assert all(len(piece) <= 7 for _, (piece,) in correctness.pieces(tensor))
+    assert offsets == sorted(offsets) and offsets[0] == 0
+
+
+def test_a_comparison_in_pieces_finds_what_a_whole_one_finds(small_pieces):
+    torch.manual_seed(0)
+    reference = torch.randn(5, 9).t()
+    candidate = reference.clone()
+    candidate[7, 3] += 1.0
+    mismatch = compare_outputs(candidate, reference, FP32).mismatch
+    assert mismatch is not None and mismatch.code is Reason.WRONG_VALUES
+    assert "1 of 45 elements" in mismatch.message and "(7, 3)" in mismatch.message
+    # The scale is the whole reference's, not a piece's: an error small against the largest
+    # value passes wherever it sits.
+    reference = torch.ones(40)
+    reference[-1] = 1e6
+    assert compare_outputs(reference + 1.0, reference, FP32).mismatch is None
+    changed = reference.clone()
+    changed[33] = 0.0
+    assert "first at (33,)" in changed_inputs([reference], [changed]).message
+    assert fingerprint(torch.arange(40.0)) != fingerprint(torch.arange(40.0).flip(0))
 
 
 def test_captured_inputs_beside_a_site_problem_are_checked(tmp_path):

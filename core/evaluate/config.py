@@ -47,6 +47,9 @@ class EvalConfig:
     # Which GPUs (torch's indices in the launching process) evaluation workers are spread over;
     # None: every GPU torch sees.
     gpus: tuple[int, ...] | None = None
+    # Device memory all the workers on one GPU may hold at once (`core.evaluate.memory`);
+    # None: what the GPU has free when the first candidate is judged.
+    memory_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.device not in DEFAULT_TRIALS:
@@ -58,6 +61,8 @@ class EvalConfig:
             self.gpus = tuple(self.gpus)
             if not self.gpus or len(set(self.gpus)) < len(self.gpus):
                 raise ValueError(f"gpus must name distinct GPUs, not {self.gpus!r}")
+        if self.memory_bytes is not None and self.memory_bytes <= 0:
+            raise ValueError(f"memory_bytes must be positive, not {self.memory_bytes!r}")
 
     def with_counters(self) -> EvalConfig:
         """This config, asking for hardware counters, with the run's time limit grown to fit."""

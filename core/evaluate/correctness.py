@@ -8,6 +8,7 @@ relative one would fail harmless rounding next to zero.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -52,53 +53,108 @@ def flatten(output: object) -> list[object]:
     return [output]
 
 
-def first_index(mask: torch.Tensor) -> tuple[int, ...]:
-    flat = int(mask.reshape(-1).nonzero()[0, 0])
-    return tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), mask.shape))
+# Comparisons walk their tensors this many elements at a time, so that a comparison's
+# temporaries stay a bounded size however large the outputs (KernelBench inputs reach GBs).
+# On a GPU, large pieces keep a gigabyte comparison to a few hundred launches; on the CPU, small
+# ones keep the temporaries under the allocator's threshold for handing memory back.
+CHUNK_ELEMENTS = {"cuda": 1 << 24, "cpu": 1 << 20}
+
+
+def pieces(*tensors: torch.Tensor) -> Iterator[tuple[int, tuple[torch.Tensor, ...]]]:
+    """Flat pieces of equally shaped tensors, CHUNK_ELEMENTS at most each, in row-major order,
+    with the flat index of each piece's first element. Non-contiguous tensors are walked
+    along their leading dimensions, so that no piece copies more than its own elements."""
+    first = tensors[0]
+    chunk = CHUNK_ELEMENTS.get(first.device.type, CHUNK_ELEMENTS["cpu"])
+    if first.numel() <= chunk or first.dim() == 0:
+        yield 0, tuple(t.reshape(-1) for t in tensors)
+        return
+    if all(t.is_contiguous() for t in tensors) or first.dim() == 1:
+        flat = [t.reshape(-1) if t.is_contiguous() else t for t in tensors]
+        for start in range(0, first.numel(), chunk):
+            yield start, tuple(f[start:start + chunk].reshape(-1) for f in flat)
+        return
+    row = first[0].numel()
+    step = max(1, chunk // max(row, 1))
+    for start in range(0, first.shape[0], step):
+        for offset, piece in pieces(*(t[start:start + step] for t in tensors)):
+            yield start * row + offset, piece
+
+
+@dataclass
+class Found:
+    """Elements of a tensor where a condition held: how many, and the first one's flat index."""
+
+    count: int = 0
+    first: int | None = None
+
+    def add(self, offset: int, mask: torch.Tensor) -> None:
+        count = int(mask.sum())
+        if count and self.first is None:
+            self.first = offset + int(mask.nonzero()[0, 0])
+        self.count += count
+
+    def where(self, shape: torch.Size) -> tuple[int, ...]:
+        assert self.first is not None
+        return tuple(int(i) for i in torch.unravel_index(torch.tensor(self.first), shape))
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Elementwise bit equality (NaNs with equal payloads are equal)."""
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return torch.zeros((), dtype=torch.bool)
+    """Elementwise bit equality of two flat pieces (NaNs with equal payloads are equal)."""
     bits = BITS_VIEW.get(a.element_size())
     if bits is None or a.is_complex():
         return a == b
-    return a.contiguous().view(bits) == b.contiguous().view(bits)
+    return a.view(bits) == b.view(bits)
 
 
-def outputs_identical(a: object, b: object) -> bool:
-    leaves_a, leaves_b = flatten(a), flatten(b)
-    if len(leaves_a) != len(leaves_b):
-        return False
-    for x, y in zip(leaves_a, leaves_b, strict=True):
-        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
-            if x.shape != y.shape or not bool(same_bits(x, y).all()):
-                return False
-        elif x != y:
-            return False
-    return True
+def fingerprint(output: object) -> list[object]:
+    """A digest of an output, tensors by their exact bits: equal outputs have equal
+    fingerprints, and different ones all but never do. Kept in place of a whole output to
+    recognise results returned again for other inputs."""
+    digest: list[object] = []
+    for leaf in flatten(output):
+        if not isinstance(leaf, torch.Tensor):
+            digest.append(leaf)
+            continue
+        bits = BITS_VIEW.get(leaf.element_size())
+        plain, weighted = 0, 0
+        for offset, (piece,) in pieces(leaf.detach()):
+            values = (piece.view(bits) if bits is not None and not piece.is_complex()
+                      else piece.view(torch.uint8)).to(torch.int64)
+            plain += int(values.sum())
+            weights = torch.arange(offset, offset + values.numel(), device=values.device)
+            weighted += int(weights.remainder_(65521).add_(1).mul_(values).sum())
+        digest.append((tuple(leaf.shape), str(leaf.dtype), plain, weighted))
+    return digest
 
 
 def changed_inputs(before: list[object], after: list[object]) -> Mismatch | None:
     for index, (old, new) in enumerate(zip(before, after, strict=True)):
         if not isinstance(old, torch.Tensor):
             continue
-        equal = same_bits(old, new)
-        if not bool(equal.all()):
-            differing = ~equal
-            where = first_index(differing)
+        differing = Found()
+        for offset, (a, b) in pieces(old, new):
+            differing.add(offset, ~same_bits(a, b))
+        if differing.count:
+            where = differing.where(old.shape)
             return Mismatch(
                 Reason.MUTATED_INPUT,
-                f"input {index} was changed in place: {int(differing.sum())} of {old.numel()} "
+                f"input {index} was changed in place: {differing.count} of {old.numel()} "
                 f"elements differ, first at {where} ({old[where].item()!r} became "
                 f"{new[where].item()!r})",
             )
     return None
 
 
+def _work_dtype(out: torch.Tensor, ref: torch.Tensor) -> torch.dtype:
+    exact = not out.is_floating_point()
+    return torch.float64 if ref.dtype == torch.float64 or exact else torch.float32
+
+
 def compare_tensor(index: int, out: torch.Tensor, ref: torch.Tensor, tol: float,
                    tol_name: str) -> Comparison:
+    """Two passes over the pair, a piece at a time: the first finds unwritten elements,
+    NaN/Inf the reference lacks and the reference's scale; the second the errors against it."""
     label = f"output {index}"
     if out.shape != ref.shape:
         return Comparison(mismatch=Mismatch(
@@ -109,40 +165,44 @@ def compare_tensor(index: int, out: torch.Tensor, ref: torch.Tensor, tol: float,
             Reason.DTYPE_MISMATCH, f"{label} has dtype {out.dtype}, the reference {ref.dtype}"))
     if out.numel() == 0:
         return Comparison()
-    out = out.to(ref.device)
-    unwritten = poison_mask(out) & ~poison_mask(ref)
-    if bool(unwritten.any()):
+    out, ref = out.detach().to(ref.device), ref.detach()
+    work, exact = _work_dtype(out, ref), not out.is_floating_point()
+    unwritten, special, scale = Found(), Found(), torch.zeros((), dtype=work, device=ref.device)
+    for offset, (o, r) in pieces(out, ref):
+        unwritten.add(offset, poison_mask(o) & ~poison_mask(r))
+        o, r = o.to(work), r.to(work)
+        o_nan, r_nan = o.isnan(), r.isnan()
+        infinite = (o.isinf() | r.isinf()) & (o != r) & ~(o_nan | r_nan)
+        special.add(offset, (o_nan != r_nan) | infinite)
+        both = o.isfinite() & r.isfinite()
+        scale = torch.maximum(scale, torch.where(both, r.abs(), 0).max())
+    if unwritten.count:
         return Comparison(mismatch=Mismatch(
             Reason.UNWRITTEN_OUTPUT,
-            f"{label}: {int(unwritten.sum())} of {out.numel()} elements were never written "
-            f"(they still hold the poison pattern), first at {first_index(unwritten)}"))
-    exact = not out.is_floating_point()
-    work = torch.float64 if ref.dtype == torch.float64 or exact else torch.float32
-    out_w, ref_w = out.to(work), ref.to(work)
-    out_nan, ref_nan = out_w.isnan(), ref_w.isnan()
-    infinite = (out_w.isinf() | ref_w.isinf()) & (out_w != ref_w) & ~(out_nan | ref_nan)
-    special = (out_nan != ref_nan) | infinite
-    if bool(special.any()):
-        where = first_index(special)
+            f"{label}: {unwritten.count} of {out.numel()} elements were never written "
+            f"(they still hold the poison pattern), first at {unwritten.where(out.shape)}"))
+    if special.count:
+        where = special.where(out.shape)
         return Comparison(mismatch=Mismatch(
             Reason.NAN_INF,
-            f"{label}: {int(special.sum())} elements are NaN/Inf where the reference's are not "
+            f"{label}: {special.count} elements are NaN/Inf where the reference's are not "
             f"(or the other way round), first at {where}: got {out[where].item()}, expected "
             f"{ref[where].item()}"))
-    out_finite, ref_finite = torch.isfinite(out_w), torch.isfinite(ref_w)
-    both = out_finite & ref_finite
-    ref_abs = torch.where(both, ref_w.abs(), 0)
-    diff = torch.where(both, (out_w - ref_w).abs(), 0)
-    scale = ref_abs.max()
-    allowed_unit = (scale + ref_abs).clamp_min(torch.finfo(work).tiny)
-    rel = (diff / allowed_unit).clamp_max(1e30)
-    result = Comparison(max_abs_err=float(diff.max()), max_rel_err=float(rel.max()))
-    bad = diff > 0 if exact else rel > tol
-    if bool(bad.any()):
-        where = first_index(bad)
+    result, bad = Comparison(), Found()
+    for offset, (o, r) in pieces(out, ref):
+        o, r = o.to(work), r.to(work)
+        both = o.isfinite() & r.isfinite()
+        ref_abs = torch.where(both, r.abs(), 0)
+        diff = torch.where(both, (o - r).abs(), 0)
+        rel = (diff / (scale + ref_abs).clamp_min(torch.finfo(work).tiny)).clamp_max(1e30)
+        result.max_abs_err = max(result.max_abs_err, float(diff.max()))
+        result.max_rel_err = max(result.max_rel_err, float(rel.max()))
+        bad.add(offset, diff > 0 if exact else rel > tol)
+    if bad.count:
+        where = bad.where(out.shape)
         result.mismatch = Mismatch(
             Reason.WRONG_VALUES,
-            f"{label}: {int(bad.sum())} of {out.numel()} elements are outside the {tol_name} "
+            f"{label}: {bad.count} of {out.numel()} elements are outside the {tol_name} "
             f"tolerance {tol:g} (relative to the reference's scale {float(scale):.4g}); worst "
             f"relative error {result.max_rel_err:.3g}, absolute {result.max_abs_err:.3g}; first "
             f"at {where}: got {out[where].item():.6g}, expected {ref[where].item():.6g}")

@@ -218,7 +218,7 @@ def profiled_forward(problem_path: Path, candidate_path: Path, seed: int,
     import torch
 
     from core.runtime import cuda as cuda_runtime
-    from core.runtime.problem_loader import import_file, load_problem, on_device
+    from core.runtime.problem_loader import import_file, load_problem
     from core.timing.device_lock import exclusive_device
 
     sys.modules.setdefault("cuda_runtime", cuda_runtime)
@@ -228,7 +228,7 @@ def profiled_forward(problem_path: Path, candidate_path: Path, seed: int,
     init = problem.init_inputs()
     torch.manual_seed(seed)
     model = module.ModelNew(*init).to(device).eval()
-    inputs = on_device(problem.inputs(seed), device)
+    inputs = problem.inputs(seed, device)
     with torch.no_grad():
         model(*inputs)
         torch.cuda.synchronize()

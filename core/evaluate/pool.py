@@ -17,6 +17,7 @@ pinning. Results go back to the caller, which alone writes the store.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import queue
@@ -24,10 +25,19 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
+from pathlib import Path
 
 import torch
 
 from core.evaluate.config import EvalConfig
+from core.evaluate.memory import (
+    WORKER_OVERHEAD_BYTES,
+    DeviceLedger,
+    MemoryBudget,
+    ProblemBytes,
+    problem_bytes,
+)
 from core.evaluate.verdict import Verdict
 from core.evaluate.worker import Request, Worker
 from core.runtime.errors import KilnInputError
@@ -75,6 +85,10 @@ class WorkerPool:
         self.workers: list[Worker | None] = [None] * workers
         self.replacements = 0
         self.guard = threading.Lock()
+        self.budget: MemoryBudget | None = None
+        self.ledgers: dict[int, DeviceLedger] = {}
+        self.held = contextlib.ExitStack()  # this process's own holdings, for the pool's life
+        self.sizes: dict[tuple[str, int], ProblemBytes] = {}
 
     def lock_path(self, slot: int) -> str:
         """The timing lock of the slot's device: one per GPU of the machine, one for the CPU."""
@@ -90,6 +104,8 @@ class WorkerPool:
         return Worker(self.config.device, self.config.startup_timeout_s, self.worker_env(slot))
 
     def run_on(self, slot: int, request: Request) -> Verdict:
+        phases: dict[str, float] = {}
+        began = time.monotonic()
         worker = self.workers[slot]
         if worker is None or not worker.alive:
             if worker is not None:
@@ -97,10 +113,46 @@ class WorkerPool:
                 with self.guard:
                     self.replacements += 1
             worker = self.workers[slot] = self.new_worker(slot)
+            phases["worker start"] = time.monotonic() - began
         config = EvalConfig.from_dict(request.config)
         request = dataclasses.replace(
             request, config={**request.config, "gpu_lock": self.lock_path(slot)})
-        return worker.evaluate(request, config.compile_timeout_s, config.run_timeout_s)
+        waited = time.monotonic()
+        with self.reserved(slot, request.problem_path):
+            phases["waiting for memory"] = time.monotonic() - waited
+            verdict = worker.evaluate(request, config.compile_timeout_s, config.run_timeout_s)
+        verdict.phase_seconds = {**phases, **verdict.phase_seconds}
+        return verdict
+
+    def reserved(self, slot: int, problem_path: str) -> AbstractContextManager[None]:
+        """Hold what judging the problem takes of the slot's GPU (`core.evaluate.memory`), in
+        the run's budget and in the machine's ledger; nothing to hold on the CPU."""
+        gpu = self.slot_gpu[slot]
+        if gpu is None:
+            return contextlib.nullcontext()
+        with self.guard:
+            if self.budget is None:
+                self.open_ledgers()
+            key = (problem_path, Path(problem_path).stat().st_mtime_ns)
+            if key not in self.sizes:
+                self.sizes[key] = problem_bytes(problem_path)
+        needed = self.sizes[key].needed
+        stack = contextlib.ExitStack()
+        stack.enter_context(self.budget.reserve(gpu, needed))
+        stack.enter_context(self.ledgers[gpu].hold("candidate", needed))
+        return stack
+
+    def open_ledgers(self) -> None:
+        """The run's budget, and each GPU's ledger holding what this process and its workers
+        keep there for the pool's life: the process's own tensors (a run's model) and a CUDA
+        context each."""
+        workers = {g: self.slot_gpu.count(g) for g in self.gpus}
+        self.budget = MemoryBudget.of_free_memory(self.gpus, workers, self.config.memory_bytes)
+        for gpu in self.gpus:
+            _, total = torch.cuda.mem_get_info(gpu)
+            ledger = self.ledgers[gpu] = DeviceLedger(physical_gpu(gpu), total)
+            kept = torch.cuda.memory_reserved(gpu) + (workers[gpu] + 1) * WORKER_OVERHEAD_BYTES
+            self.held.enter_context(ledger.hold("process", kept))
 
     def map(self, jobs: Sequence[Callable[[Callable[[Request], Verdict]], Verdict]]
             ) -> list[Verdict]:
@@ -130,3 +182,4 @@ class WorkerPool:
         for worker in self.workers:
             if worker is not None:
                 worker.close()
+        self.held.close()

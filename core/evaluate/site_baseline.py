@@ -13,9 +13,9 @@ from pathlib import Path
 import torch
 
 from core.evaluate.config import EvalConfig
-from core.runtime.problem_loader import load_problem, on_device
+from core.runtime.problem_loader import load_problem
 from core.timing.device_lock import device_lock_path, exclusive_device
-from core.timing.model_timing import clone_inputs, rotation_copies, time_model
+from core.timing.model_timing import rotation_sets, time_model
 
 
 @dataclass(frozen=True)
@@ -34,13 +34,17 @@ def time_site(problem_path: Path, config: EvalConfig) -> SiteBaseline:
     problem = load_problem(problem_path)
     torch.manual_seed(config.seeds[0])
     model = problem.model_class(*problem.init_inputs()).to(device).eval()
-    pristine = on_device(problem.inputs(config.seeds[0]), device)
-    copies = rotation_copies(pristine, device, config.rotation_budget_bytes // 2)
-    input_sets = [clone_inputs(pristine) for _ in range(copies)]
+    pristine = problem.inputs(config.seeds[0], device)
+    input_sets = rotation_sets(pristine, device, config.rotation_budget_bytes)
     compiled = torch.compile(model, dynamic=False)
     with torch.no_grad():
         compiled(*input_sets[0])  # compiled here, not inside the timing
     with exclusive_device(config.gpu_lock or device_lock_path(config.device)):
         times = [time_model(run, input_sets, device, config.warmup_count, config.trial_count,
                             config.warmup_time_ms).median_ms for run in (model, compiled)]
+    del input_sets, pristine, model, compiled
+    if device.type == "cuda":
+        # This runs in the optimizer's own process: hand the site's memory back to the
+        # device for the evaluation workers.
+        torch.cuda.empty_cache()
     return SiteBaseline(eager_ms=times[0], compile_ms=times[1])

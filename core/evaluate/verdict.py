@@ -34,6 +34,9 @@ class Reason(StrEnum):
     SPEEDUP_NOT_REPRODUCED = "speedup_not_reproduced"
     NEEDS_GPU = "needs_gpu"
     OUT_OF_MEMORY = "out_of_memory"
+    # The evaluator's own work failed, not the candidate: it was not judged.
+    JUDGE_OUT_OF_MEMORY = "judge_out_of_memory"
+    JUDGE_ERROR = "judge_error"
     CUDA_ERROR = "cuda_error"
     CRASH = "crash"
     TIMEOUT = "timeout"
@@ -79,6 +82,10 @@ class Verdict:
     crashed: bool = False
     timed_out: bool = False
     eval_seconds: float = 0.0
+    # Seconds spent in each phase of judging: compile (import, build and the first trial, which
+    # compiles the kernels), checks, timing, counters; and waiting for a worker or its start.
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+    peak_memory_bytes: int | None = None  # the worker's device memory at its peak, CUDA only
     kernel_report: dict[str, Any] | None = None
     counters: dict[str, Any] | None = None
     diagnosis: str = ""

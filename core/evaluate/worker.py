@@ -175,7 +175,7 @@ def serve(folder: Path) -> None:
     def send(message: dict[str, Any]) -> None:
         protocol.write(json.dumps(message) + "\n")
 
-    import torch  # noqa: F401 - start-up cost is paid before "ready", not by the first candidate
+    import torch  # start-up cost is paid before "ready", not by the first candidate
 
     from core.evaluate.config import EvalConfig
     from core.evaluate.guard import install_launch_counters
@@ -207,6 +207,10 @@ def serve(folder: Path) -> None:
 
             send({"type": "internal_error", "traceback": traceback.format_exc()})
             raise
+        if config.device == "cuda" and healthy:
+            # The pool hands this candidate's memory to another worker once the verdict is
+            # out: the allocator's cached blocks go back to the device first.
+            torch.cuda.empty_cache()
         send({"type": "verdict", "verdict": verdict.to_dict(), "healthy": healthy})
         if not healthy:
             return

@@ -37,9 +37,13 @@ class Problem:
     def init_inputs(self) -> list:
         return list(self.module.get_init_inputs())
 
-    def inputs(self, seed: int) -> list:
+    def inputs(self, seed: int, device: torch.device | str = "cpu") -> list:
+        """`get_inputs()` after `seed`, its tensors made on `device` (drawn there, not copied:
+        inputs can be gigabytes)."""
         torch.manual_seed(seed)
-        return list(self.module.get_inputs())
+        with torch.device(device):
+            values = list(self.module.get_inputs())
+        return on_device(values, torch.device(device))
 
 
 def on_device(values: list[object], device: torch.device) -> list[object]:
@@ -139,7 +143,8 @@ def load_captured_inputs(problem_path: Path) -> list[torch.Tensor] | None:
     return list(tensors)
 
 
-def load_problem(path: str | Path) -> Problem:
+def load_problem(path: str | Path, captured: bool = True) -> Problem:
+    """The problem at `path`; `captured`: with the inputs captured beside it, if any."""
     path = Path(path).resolve()
     source = read_source(path, "problem")
     check_problem_source(source, path)
@@ -151,7 +156,8 @@ def load_problem(path: str | Path) -> Problem:
             f"the problem file {path} fails on import: {type(err).__name__}: {err}",
             "make the problem file importable on its own",
         ) from err
-    return Problem(path=path, module=module, captured_inputs=load_captured_inputs(path))
+    return Problem(path=path, module=module,
+                   captured_inputs=load_captured_inputs(path) if captured else None)
 
 
 def write_candidate(source: str, directory: Path) -> tuple[Path, str]:

@@ -26,13 +26,19 @@ def physical_gpu(index: int, environ: Mapping[str, str] = os.environ) -> str:
     return [name.strip() for name in visible.split(",") if name.strip()][index]
 
 
+def lock_folder() -> Path:
+    """Where every Kiln process of this user keeps its per-device files."""
+    folder = Path(tempfile.gettempdir()) / f"kiln-device-locks-{os.getuid()}"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
 def device_lock_path(device: str, gpu: str | None = None) -> str:
     """The timing lock of one device of this machine, shared by every Kiln process of this user:
     two runs on one GPU take turns timing instead of inflating each other's measurements.
     `gpu`: the machine's name for the GPU (`physical_gpu`); by default this process's current
     one."""
-    folder = Path(tempfile.gettempdir()) / f"kiln-device-locks-{os.getuid()}"
-    folder.mkdir(exist_ok=True)
+    folder = lock_folder()
     if device == "cpu":
         return str(folder / "cpu.lock")
     name = gpu if gpu is not None else physical_gpu(torch.cuda.current_device())

@@ -37,6 +37,15 @@ def rotation_copies(inputs: list[object], device: torch.device, budget_bytes: in
     return max(1, min(wanted, budget_bytes // size))
 
 
+def rotation_sets(pristine: list[object], device: torch.device, budget_bytes: int
+                  ) -> list[list[object]]:
+    """`pristine` and as many copies as `rotation_copies` allows: the input sets a timing
+    rotates through. One set for inputs as large as the L2 or larger, so that timing a
+    gigabyte problem holds its inputs once."""
+    copies = rotation_copies(pristine, device, budget_bytes)
+    return [pristine] + [clone_inputs(pristine) for _ in range(copies - 1)]
+
+
 def make_flush(device: torch.device) -> Callable[[], None]:
     if device.type != "cuda":
         return lambda: None

@@ -1,0 +1,181 @@
+"""Device memory shared out candidate by candidate, within a run and between runs.
+
+Judging a candidate takes at most three times its problem's input and output bytes
+(`core.evaluate.trial` says why), so before a worker takes a candidate it reserves that much,
+twice over:
+- of its run's budget on that GPU (`MemoryBudget`): `EvalConfig.memory_bytes` (`--memory-gb`),
+  by default what the GPU had free when the run's first candidate came;
+- of the GPU itself (`DeviceLedger`): a file every Kiln process of the machine shares, which
+  also holds what each run's own process keeps on the GPU (its model, for one) and each
+  worker's CUDA context, so that runs side by side never ask for more than the GPU has.
+It waits while either is too full. A problem larger than the whole budget is judged when nothing
+else is reserved: fewer candidates at once, not a failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import torch
+
+from core.evaluate.correctness import flatten
+from core.runtime.problem_loader import load_problem
+from core.timing.device_lock import lock_folder
+
+# What judging needs, in multiples of the problem's input and output bytes.
+JUDGE_FACTOR = 3
+# A worker's CUDA context, its allocator's pools and the kernels' modules, held whatever it
+# judges.
+WORKER_OVERHEAD_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class ProblemBytes:
+    inputs: int
+    outputs: int
+
+    @property
+    def needed(self) -> int:
+        return JUDGE_FACTOR * (self.inputs + self.outputs)
+
+
+def _tensor_bytes(values: object) -> int:
+    return sum(t.numel() * t.element_size() for t in flatten(values)
+               if isinstance(t, torch.Tensor))
+
+
+def problem_bytes(path: str | Path, seed: int = 0) -> ProblemBytes:
+    """The bytes of a problem's inputs and of its reference's outputs, found on the meta device:
+    shapes only, nothing allocated. Where the reference cannot run on meta tensors, its
+    outputs are taken to be as large as its inputs."""
+    problem = load_problem(Path(path), captured=False)
+    inputs = problem.inputs(seed, "meta")
+    in_bytes = _tensor_bytes(inputs)
+    try:
+        with torch.device("meta"), torch.no_grad():
+            outputs = problem.model_class(*problem.init_inputs())(*inputs)
+        out_bytes = _tensor_bytes(outputs)
+    except Exception:  # an op without a meta kernel: the estimate falls back, nothing is lost
+        out_bytes = in_bytes
+    return ProblemBytes(in_bytes, out_bytes)
+
+
+class MemoryBudget:
+    """Bytes reserved per GPU, each reservation held while one candidate is judged."""
+
+    def __init__(self, limits: dict[int, int]) -> None:
+        self.limits = dict(limits)
+        self.held = dict.fromkeys(limits, 0)
+        self.changed = threading.Condition()
+
+    @staticmethod
+    def of_free_memory(gpus: list[int], workers_per_gpu: dict[int, int],
+                       limit_bytes: int | None) -> MemoryBudget:
+        """`limit_bytes` per GPU, or what each GPU has free now less its workers' contexts."""
+        limits = {}
+        for gpu in gpus:
+            if limit_bytes is not None:
+                limits[gpu] = limit_bytes
+            else:
+                free, _ = torch.cuda.mem_get_info(gpu)
+                limits[gpu] = max(0, free - workers_per_gpu.get(gpu, 0) * WORKER_OVERHEAD_BYTES)
+        return MemoryBudget(limits)
+
+    @contextlib.contextmanager
+    def reserve(self, gpu: int, needed: int) -> Iterator[None]:
+        """Hold `needed` bytes of `gpu`'s budget; wait until they fit, or until the GPU is free
+        of other reservations when they never will."""
+        with self.changed:
+            self.changed.wait_for(lambda: self.held[gpu] == 0
+                                  or self.held[gpu] + needed <= self.limits[gpu])
+            self.held[gpu] += needed
+        try:
+            yield
+        finally:
+            with self.changed:
+                self.held[gpu] -= needed
+                self.changed.notify_all()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class DeviceLedger:
+    """Bytes of one GPU held by Kiln's processes, one entry per holding, in a JSON file under
+    the machine's device-lock folder. An entry is `pid:name`; entries of dead processes are
+    dropped whenever the file is read, so a killed run frees what it held."""
+
+    def __init__(self, gpu: str, capacity: int, poll_s: float = 0.2) -> None:
+        self.path = lock_folder() / f"gpu-{gpu}.memory"
+        self.capacity = capacity
+        self.poll_s = poll_s
+        self.counter = 0
+        self.guard = threading.Lock()
+
+    def entries(self) -> dict[str, int]:
+        """Who holds what now."""
+        with self._locked() as handle:
+            return self._read(handle)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[IO[str]]:
+        with self.path.open("a+") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            yield handle
+
+    @staticmethod
+    def _read(handle: IO[str]) -> dict[str, int]:
+        handle.seek(0)
+        text = handle.read()
+        entries = json.loads(text) if text.strip() else {}
+        return {k: v for k, v in entries.items() if _alive(int(k.split(":")[0]))}
+
+    @staticmethod
+    def _write(handle: IO[str], entries: dict[str, int]) -> None:
+        handle.seek(0)
+        handle.truncate()
+        handle.write(json.dumps(entries))
+        handle.flush()
+
+    @contextlib.contextmanager
+    def hold(self, kind: str, needed: int) -> Iterator[None]:
+        """Hold `needed` bytes. A "candidate" first waits until they fit beside every other
+        holding, or until no other candidate is held anywhere (then it goes however large);
+        a "process" holding (what a process keeps on the GPU whatever it does) is taken at
+        once."""
+        with self.guard:
+            self.counter += 1
+            key = f"{os.getpid()}:{kind}:{self.counter}"
+        while True:
+            with self._locked() as handle:
+                entries = self._read(handle)
+                fits = sum(entries.values()) + needed <= self.capacity
+                alone = not any(":candidate:" in k for k in entries)
+                if kind != "candidate" or fits or alone:
+                    entries[key] = needed
+                    self._write(handle, entries)
+                    break
+            time.sleep(self.poll_s)
+        try:
+            yield
+        finally:
+            with self._locked() as handle:
+                entries = self._read(handle)
+                entries.pop(key, None)
+                self._write(handle, entries)

@@ -1,0 +1,180 @@
+"""The evaluator's memory: a judged problem costs a few times its inputs and outputs, however
+large; the workers of a pool share a budget of device memory; the sizes come from meta tensors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from core.evaluate import EvalConfig, Evaluator
+from core.evaluate.memory import JUDGE_FACTOR, DeviceLedger, MemoryBudget, problem_bytes
+
+MIB = 1 << 20
+# Beyond the judge's multiple of the problem's bytes: a comparison's pieces, a fingerprint's
+# temporaries and the interpreter's blocks, whatever the problem's size.
+FIXED_OVERHEAD = 256 * MIB
+
+PROBLEM = """
+import torch
+import torch.nn as nn
+
+N = {n}
+
+
+class Model(nn.Module):
+    def forward(self, x, y):
+        return x * y + x
+
+
+def get_inputs():
+    return [torch.randn(N), torch.randn(N)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+CANDIDATE = """
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def fused(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    x = tl.load(x_ptr + offsets, mask=mask)
+    y = tl.load(y_ptr + offsets, mask=mask)
+    tl.store(out_ptr + offsets, x * y + x, mask=mask)
+
+
+class ModelNew(nn.Module):
+    def forward(self, x, y):
+        out = torch.empty_like(x)
+        fused[(triton.cdiv(x.numel(), 1 << 20),)](x, y, out, x.numel(), BLOCK=1 << 20)
+        return out
+"""
+
+
+def write_problem(folder: Path, name: str, n: int) -> Path:
+    path = folder / f"{name}.py"
+    path.write_text(PROBLEM.format(n=n))
+    return path
+
+
+def peak_resident_bytes(pid: int) -> int:
+    """The process's resident memory at its peak so far (VmHWM)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmHWM in /proc/{pid}/status")
+
+
+def test_sizes_come_from_meta_tensors(tmp_path):
+    sizes = problem_bytes(write_problem(tmp_path, "p", 1000))
+    assert (sizes.inputs, sizes.outputs) == (2 * 4000, 4000)
+    assert sizes.needed == JUDGE_FACTOR * 12000
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux's /proc")
+def test_a_large_problem_costs_its_worker_a_few_times_its_bytes(tmp_path):
+    """Inputs of 2 x 64 MiB and an output of 64 MiB: the worker's resident memory grows by at
+    most three times those bytes (plus a fixed overhead) over what a tiny problem took."""
+    n = 16 * MIB
+    small, large = write_problem(tmp_path, "small", 1037), write_problem(tmp_path, "large", n)
+    config = EvalConfig(device="cpu", trials=2, warmup=1)
+    with Evaluator(config, workers=1) as evaluator:
+        assert evaluator.evaluate(small, CANDIDATE).accepted
+        pid = evaluator.pool.workers[0].process.pid
+        before = peak_resident_bytes(pid)
+        verdict = evaluator.evaluate(large, CANDIDATE)
+        after = peak_resident_bytes(pid)
+    assert verdict.accepted, verdict.reason
+    io_bytes = 3 * n * 4
+    growth = after - before
+    assert growth <= JUDGE_FACTOR * io_bytes + FIXED_OVERHEAD, (
+        f"the worker grew by {growth / MIB:.0f} MiB judging a problem of {io_bytes / MIB:.0f} "
+        f"MiB of inputs and outputs; the bound is {JUDGE_FACTOR}x plus "
+        f"{FIXED_OVERHEAD / MIB:.0f} MiB")
+    assert set(verdict.phase_seconds) >= {"compile", "checks", "timing"}
+
+
+def test_reservations_wait_for_room_and_a_large_one_runs_alone():
+    budget = MemoryBudget({0: 100})
+    order: list[str] = []
+
+    def hold(name: str, needed: int, seconds: float) -> None:
+        with budget.reserve(0, needed):
+            order.append(f"{name} in")
+            time.sleep(seconds)
+            order.append(f"{name} out")
+
+    first = threading.Thread(target=hold, args=("a", 70, 0.3))
+    first.start()
+    while not order:
+        time.sleep(0.01)
+    # 70 + 40 > 100: b waits for a; 500 never fits, so it waits until the GPU is free.
+    second = threading.Thread(target=hold, args=("b", 40, 0.0))
+    huge = threading.Thread(target=hold, args=("c", 500, 0.0))
+    second.start()
+    huge.start()
+    for thread in (first, second, huge):
+        thread.join(timeout=30)
+    assert order[:2] == ["a in", "a out"]
+    assert sorted(order[2:]) == ["b in", "b out", "c in", "c out"]
+    # Each of b and c held the budget alone.
+    assert order[3] == order[2].replace(" in", " out")
+    assert budget.held == {0: 0}
+
+
+@pytest.mark.gpu
+def test_peak_device_memory_is_a_few_times_the_problems_bytes(tmp_path):
+    n = 64 * MIB
+    problem = write_problem(tmp_path, "large", n)
+    with Evaluator(EvalConfig(device="cuda"), workers=1) as evaluator:
+        verdict = evaluator.evaluate(problem, CANDIDATE)
+    assert verdict.accepted, verdict.reason
+    io_bytes = 3 * n * 4
+    assert verdict.peak_memory_bytes is not None
+    # The L2 flush buffer (twice the L2) and the pieces' temporaries are the fixed part.
+    assert verdict.peak_memory_bytes <= JUDGE_FACTOR * io_bytes + FIXED_OVERHEAD, (
+        verdict.peak_memory_bytes / MIB, io_bytes / MIB)
+
+
+def test_the_ledger_shares_a_gpu_between_processes_and_forgets_dead_ones(tmp_path):
+    gpu = f"test-{tmp_path.name}"
+    ledger, other = DeviceLedger(gpu, 100, poll_s=0.01), DeviceLedger(gpu, 100, poll_s=0.01)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    ledger.path.write_text(json.dumps({f"{dead.stdout.strip()}:candidate:1": 90}))
+    try:
+        with ledger.hold("process", 30), ledger.hold("candidate", 50):
+            # The dead process's 90 are gone; 30 + 50 are held, so 40 more must wait.
+            assert sorted(ledger.entries().values()) == [30, 50]
+            waited: list[float] = []
+
+            def take() -> None:
+                began = time.monotonic()
+                with other.hold("candidate", 40):
+                    waited.append(time.monotonic() - began)
+
+            thread = threading.Thread(target=take)
+            thread.start()
+            time.sleep(0.3)
+            assert not waited
+        thread.join(timeout=30)
+        assert waited and waited[0] >= 0.25
+        # A process holding is taken at once, and a candidate larger than the GPU goes when no
+        # other candidate is held.
+        with ledger.hold("process", 80), other.hold("candidate", 500):
+            assert sorted(ledger.entries().values()) == [80, 500]
+    finally:
+        ledger.path.unlink(missing_ok=True)
