@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import re
 from collections.abc import Callable
 
 import pytest
@@ -16,6 +18,7 @@ from core.optimize.e2e import (
     predicted_speedup,
 )
 from core.optimize.markdown_report import markdown_report
+from core.optimize.report import print_end_to_end
 from core.profile.progress import Progress
 from core.runtime.guarded import SiteKernel
 from tests import models
@@ -109,34 +112,72 @@ def test_a_kernel_that_slows_the_model_is_taken_out(tmp_path):
     slow = SiteKernel(kernel.key, kernel.problem_source + SLOW_KERNEL, kernel.problem_source)
     result = check(drop_slower=True).run(total_ms=10.0, gains=gains([slow]))
     assert result.installed == []
-    assert "with no kernel of Kiln's" in result.removed[slow.key]
+    assert result.removed[slow.key].startswith("the model took ")
+    assert "medians of 5 rounds timed in turns" in result.removed[slow.key]
     assert result.optimized_ms < 50, "the slow kernel was still timed in the model"
     # Nothing left installed: the model is the eager baseline, and its time is eager's.
     assert result.optimized_ms == result.eager_ms
+    assert result.speedup_vs_eager == result.speedup_vs_compile == 1.0
+
+
+def test_with_no_kernel_the_model_is_its_own_baseline_at_1x():
+    """However eager and torch.compile time on a CPU, no kernel of Kiln's means 1.00x."""
+    model, inputs = models.make_mlp()
+    result = EndToEndCheck(model, inputs, "cpu", matrix_anchors=True,
+                           progress=Progress(enabled=False)).run(total_ms=10.0, gains=[])
+    assert result.installed == [] and result.correct
+    assert result.speedup_vs_eager == result.speedup_vs_compile == 1.0
+    assert result.predicted_speedup == 1.0
+    assert result.optimized_ms == {"eager": result.eager_ms,
+                                   "inductor": result.compile_ms}[result.rest]
+
+
+def report_of(e2e: dict, key: str, device: str) -> dict:
+    site = {"id": key, "family": "matmul", "share": 0.5, "time_ms": 1.0,
+            "floor_ms": 0.01, "calls": 1, "signature": "linear → gelu | f32[4,8]"}
+    searched = {"id": key, "evaluations": 3, "eager_ms": 1.0, "compile_ms": 0.8,
+                "declined": "", "best": {"tier": "triton", "latency_ms": 0.4, "speedup": 2.0}}
+    return {"model": "mlp", "run_id": 1, "db": "kiln.db", "dtype": "fp32", "device": device,
+            "timing": device.upper(), "total_ms": 2.0, "captured_ms": 2.0, "floor_gpu": "H200",
+            "e2e": e2e, "sites": [site], "searched": [searched]}
 
 
 def test_the_markdown_report_carries_the_figures(tmp_path):
     model, inputs = models.make_mlp()
     kernels = site_kernels(model, inputs, tmp_path)
-    e2e = check().run(total_ms=10.0, gains=gains(kernels)).to_dict()
-    site = {"id": kernels[0].key, "family": "matmul", "share": 0.5, "time_ms": 1.0,
-            "floor_ms": 0.01, "calls": 1, "signature": "linear → gelu | f32[4,8]"}
-    searched = {"id": kernels[0].key, "evaluations": 3, "eager_ms": 1.0, "compile_ms": 0.8,
-                "declined": "", "best": {"tier": "triton", "latency_ms": 0.4, "speedup": 2.0}}
-
-    def run_report(e2e: dict) -> dict:
-        return {"model": "mlp", "run_id": 1, "db": "kiln.db", "dtype": "fp32", "device": "cpu",
-                "timing": "CPU", "total_ms": 2.0, "captured_ms": 2.0, "floor_gpu": "H200",
-                "e2e": e2e, "sites": [site], "searched": [searched]}
-
-    text = markdown_report(run_report(e2e))
+    e2e = {**check().run(total_ms=10.0, gains=gains(kernels)).to_dict(), "timing": "gpu"}
+    text = markdown_report(report_of(e2e, kernels[0].key, "cuda"))
     assert f"{e2e['optimized_ms']:.4f}" in text and f"{e2e['speedup_vs_eager']:.2f}x" in text
     assert f"| `{kernels[0].key}` | 3 | 1.0000 | 0.8000 | triton | 0.4000 | 2.00x |" in text
     assert "linear → gelu \\| f32[4,8]" in text
-    assert "custom op" not in text
+    assert "custom op" not in text and "indicative" not in text
     e2e["untraceable"] = {kernels[0].key: "RuntimeError: reads tensor data"}
-    text = markdown_report(run_report(e2e))
+    text = markdown_report(report_of(e2e, kernels[0].key, "cuda"))
     assert f"- `{kernels[0].key}`: RuntimeError: reads tensor data" in text
+
+
+def test_cpu_reports_label_timings_indicative_and_claim_no_speedup(tmp_path):
+    model, inputs = models.make_mlp()
+    kernels = site_kernels(model, inputs, tmp_path)
+    e2e = check().run(total_ms=10.0, gains=gains(kernels)).to_dict()
+    assert e2e["timing"] == "cpu" and e2e["installed"]
+    terminal = io.StringIO()
+    print_end_to_end(e2e, terminal)
+    for text in (markdown_report(report_of(e2e, kernels[0].key, "cpu")), terminal.getvalue()):
+        assert "CPU timings, indicative only: no speedup is claimed" in text
+        assert f"{e2e['optimized_ms']:.4f}" in text
+        assert f"{e2e['speedup_vs_eager']:.2f}x" not in text and "vs eager" not in text
+
+
+def test_with_no_kernel_installed_the_reports_say_1x(tmp_path):
+    model, inputs = models.make_mlp()
+    e2e = check(drop_slower=True).run(total_ms=10.0, gains=[]).to_dict()
+    terminal = io.StringIO()
+    print_end_to_end(e2e, terminal)
+    markdown = markdown_report(report_of(e2e, "none", "cpu")).split("## Searched sites")[0]
+    for text in (markdown, terminal.getvalue()):
+        assert "No kernel of Kiln's installed, the model runs as it did: 1.00x" in text
+        assert re.findall(r"\d+\.\d+x", text) == ["1.00x"], "a speedup besides 1.00x"
 
 
 def scaled(kernel: SiteKernel, factor: float) -> SiteKernel:
@@ -178,28 +219,55 @@ def test_a_kernel_far_beyond_torch_compiles_own_error_is_taken_out(tmp_path):
 
 
 class ScriptedTimes(EndToEndCheck):
-    """The model's time by which kernels it holds (GPU timings cannot run here)."""
+    """The model's time by which kernels it holds (GPU timings cannot run here): one figure,
+    or one per round, in turn."""
 
-    def __init__(self, times: dict[frozenset[str], float]) -> None:
+    def __init__(self, times: dict[frozenset[str], float | list[float]]) -> None:
         model, inputs = models.make_mlp()
         super().__init__(model, inputs, "cpu", matrix_anchors=True,
                          progress=Progress(enabled=False), rest="eager")
-        self.times = times
+        self.times = {held: value if isinstance(value, list) else [value]
+                      for held, value in times.items()}
+        self.calls: dict[frozenset[str], int] = {}
 
     def time(self, run: Callable) -> float:
-        held = frozenset(getattr(run, "kernels", {}).keys())
-        return self.times[frozenset(k.replace("-", "_") for k in held)]
+        held = frozenset(k.replace("-", "_") for k in getattr(run, "kernels", {}))
+        self.calls[held] = self.calls.get(held, 0) + 1
+        rounds = self.times[held]
+        return rounds[(self.calls[held] - 1) % len(rounds)]
+
+
+def pair(tmp_path) -> tuple[SiteKernel, SiteKernel, str, str]:
+    model, inputs = models.make_mlp()
+    first, second = site_kernels(model, inputs, tmp_path)[:2]
+    return first, second, first.key.replace("-", "_"), second.key.replace("-", "_")
 
 
 def test_a_kernel_the_model_is_faster_without_is_taken_out(tmp_path):
     """Together the two kernels beat the baseline, yet the model is faster with one alone."""
-    model, inputs = models.make_mlp()
-    first, second = site_kernels(model, inputs, tmp_path)[:2]
-    a, b = first.key.replace("-", "_"), second.key.replace("-", "_")
+    first, second, a, b = pair(tmp_path)
     check = ScriptedTimes({frozenset(): 10.0, frozenset({a, b}): 8.0, frozenset({a}): 6.0,
                            frozenset({b}): 9.0})
     result = check.run(total_ms=10.0, gains=[SiteGain(first, 1.0, 2.0),
                                              SiteGain(second, 0.5, 2.0)])
     assert result.installed == [first.key]
-    assert result.removed == {second.key: "the model took 8.0000 ms with it, 6.0000 ms without"}
+    assert result.removed[second.key].startswith(
+        "the model took 8.0000 ms with it, 6.0000 ms without")
     assert result.optimized_ms == 6.0
+    assert result.speedup_vs_eager == pytest.approx(10.0 / 6.0)
+
+
+def test_a_gain_within_the_spread_of_the_rounds_is_no_gain(tmp_path):
+    """0.8% slower or faster by less than the rounds move: taken out; faster beyond: kept."""
+    first, second, a, b = pair(tmp_path)
+    check = ScriptedTimes({
+        frozenset(): [10.0, 10.3, 9.9, 10.1, 10.0],
+        # Its median is faster than the baseline's, but by less than the rounds' spread.
+        frozenset({a}): [9.9, 10.2, 9.7, 9.95, 10.05],
+        frozenset({b}): [9.0, 9.1, 8.9, 9.05, 9.0],
+        frozenset({a, b}): [9.4, 9.5, 9.3, 9.45, 9.4]})
+    result = check.run(total_ms=10.0, gains=[SiteGain(first, 1.0, 2.0),
+                                             SiteGain(second, 0.5, 2.0)])
+    assert result.installed == [second.key]
+    assert "not faster by more than the rounds' spread of 0.5000 ms" in result.removed[first.key]
+    assert result.optimized_ms == 9.0

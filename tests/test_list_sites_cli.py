@@ -58,6 +58,7 @@ def test_table_is_printed_for_people(tmp_path):
         (["tests.models:make_returns_nothing"], "no tensor"),
         (["torchvision:resnet_nonexistent"], "torchvision"),
         (["hf:no_such_architecture"], "no model type"),
+        (["hf:gpt2?n_layer=2&n_embd=128"], "must be divisible by num_heads"),
         (["tests.models:make_fixed_precision", "--dtype", "fp16"], "under --dtype fp16"),
         (["examples/mlp_block.py", "--tiers", "ptx"], "unknown tier"),
     ],

@@ -51,6 +51,8 @@ def test_hf_builtin_takes_config_overrides_and_shape():
         ("tests.models:make_raising", None, "raised ValueError: checkpoint missing"),
         ("tests.models:no_such_function", None, "has no callable"),
         ("hf:no_such_architecture", None, "no model type 'no_such_architecture'"),
+        ("hf:gpt2?n_layer=2&n_embd=128", None,
+         "building hf:gpt2 from its config (n_layer=2, n_embd=128) raised ValueError"),
         ("not a spec at all", None, "cannot read the model spec"),
         ("examples/mlp_block.py", "fp8", "unknown dtype"),
     ],

@@ -21,7 +21,7 @@ def tree(latencies: list[float | None]) -> SiteSearch:
     """A site whose root has one child per latency (None: rejected), candidate ids 1, 2, ..."""
     search = SiteSearch(1.0, 0.01, propose=None, evaluate=None, record=None)
     for number, latency in enumerate(latencies, 1):
-        feedback = Feedback(accepted=latency is not None, latency_ms=latency, baseline_ms=1.0,
+        feedback = Feedback(correct=latency is not None, latency_ms=latency, baseline_ms=1.0,
                             diagnosis="latency-bound: at 5% of the byte floor")
         search.adopt(search.root, Proposal(f"source {number}", "triton", "rules", ""), feedback,
                      number)
@@ -36,8 +36,8 @@ def test_the_fastest_accepted_kernels_not_yet_profiled():
 
 
 def test_the_profiled_verdict_keeps_the_first_timing_and_takes_the_counters():
-    first = Verdict(accepted=True, latency_ms=0.2, diagnosis="latency-bound: old")
-    again = Verdict(accepted=True, latency_ms=0.21, counters=COUNTERS,
+    first = Verdict(correct=True, latency_ms=0.2, diagnosis="latency-bound: old")
+    again = Verdict(correct=True, latency_ms=0.21, counters=COUNTERS,
                     diagnosis="excess memory traffic: DRAM 88%")
     merged = with_counters(first, again)
     assert (merged.latency_ms, merged.counters, merged.diagnosis) == (
@@ -51,14 +51,14 @@ def test_the_profiled_verdict_keeps_the_first_timing_and_takes_the_counters():
 
 def test_profiling_stores_each_best_once_and_steers_its_children():
     search = tree([0.5, 0.2, 0.3])
-    first = {i: Verdict(accepted=True, latency_ms=search_latency)
+    first = {i: Verdict(correct=True, latency_ms=search_latency)
              for i, search_latency in ((1, 0.5), (2, 0.2), (3, 0.3))}
     judged: list[list[int]] = []
     stored: dict[int, Verdict] = {}
 
     def judge(nodes):
         judged.append([n.candidate_id for n in nodes])
-        return [Verdict(accepted=True, latency_ms=9.9, counters=COUNTERS,
+        return [Verdict(correct=True, latency_ms=9.9, counters=COUNTERS,
                         diagnosis=f"excess memory traffic: kernel {n.candidate_id}")
                 for n in nodes]
 
@@ -74,7 +74,7 @@ def test_profiling_stores_each_best_once_and_steers_its_children():
 
 
 def test_without_feedback_the_generator_sees_no_diagnosis():
-    verdict = Verdict(accepted=True, latency_ms=0.2, diagnosis="spilling: 64 bytes")
+    verdict = Verdict(correct=True, latency_ms=0.2, diagnosis="spilling: 64 bytes")
     assert feedback_of(verdict, 0.1).diagnosis == "spilling: 64 bytes"
     assert feedback_of(verdict, 0.1, diagnosis=False).diagnosis == ""
     assert feedback_of(verdict, 0.1, diagnosis=False).latency_ms == 0.2
@@ -96,8 +96,8 @@ def test_a_cpu_run_profiles_its_best_kernel_and_notes_why_there_are_no_counters(
         by_candidate.setdefault(candidate, []).append(json.loads(verdict))
     twice = {c: v for c, v in by_candidate.items() if len(v) > 1}
     assert twice, "no kernel was judged again for its counters"
-    accepted = [v[0] for v in by_candidate.values() if v[0]["accepted"]]
-    best = min(accepted, key=lambda v: v["latency_ms"])
+    correct = [v[0] for v in by_candidate.values() if v[0]["correct"]]
+    best = min(correct, key=lambda v: v["latency_ms"])
     for first, latest in twice.values():
         assert first["counters"] is None and latest["latency_ms"] == first["latency_ms"]
         assert latest["counters"]["notes"] == [

@@ -51,7 +51,7 @@ class Landscape:
             key = (p.settings["a"], p.settings["b"])
             self.evaluated.append(key)
             ms = latency(*key)
-            results.append(Feedback(accepted=ms is not None, latency_ms=ms,
+            results.append(Feedback(correct=ms is not None, latency_ms=ms,
                                     baseline_ms=BASELINE_MS,
                                     reason="" if ms else "compile error"))
         return results
@@ -135,6 +135,6 @@ def test_rejected_kernels_score_zero_and_get_no_children():
     stack = [search.root]
     while stack:
         node = stack.pop()
-        if node.feedback is not None and not node.feedback.accepted:
+        if node.feedback is not None and not node.feedback.correct:
             assert node.children == []
         stack.extend(node.children)

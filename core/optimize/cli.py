@@ -8,30 +8,35 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from dataclasses import replace
+import sys
 from pathlib import Path
 
 import torch
 
+from core.optimize.config import (
+    PROFILE_SETTINGS,
+    SEARCH_SETTINGS,
+    OptimizeConfig,
+    config_of_settings,
+)
+from core.optimize.interrupt import EXIT_INTERRUPTED
 from core.optimize.markdown_report import write_markdown_report
 from core.optimize.report import print_search_table
-from core.optimize.run import OptimizeConfig, OptimizeRun
-from core.profile.in_situ import ProfileConfig
-from core.profile.load import DTYPES, BuiltinShape
+from core.optimize.run import OptimizeRun
+from core.profile.load import DTYPES
 from core.profile.pipeline import ListSitesConfig, list_sites
 from core.profile.progress import Progress
-from core.profile.roofline import GpuPeaks
 from core.profile.site_table import print_site_table
 from core.runtime.errors import KilnInputError
-from core.search.tree import SearchConfig
 from generators.llm.config import LlmConfig
 from store import open_reader
 
 TIERS = ("triton", "cuda")
 GENERATORS = ("rules", "llm")
+SETTINGS = PROFILE_SETTINGS + SEARCH_SETTINGS  # each the name of its command-line option
 
 
-def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, ListSitesConfig]:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m core.optimize", description=__doc__)
     parser.add_argument("model", nargs="?",
                         help="KernelBench .py file, package.module:callable, "
@@ -109,19 +114,35 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, ListSitesConfig]
                         help="the Ray cluster to join, e.g. auto or ray://head:10001 "
                         "(default: start Ray on this machine)")
     search.add_argument("--resume", type=int, metavar="RUN",
-                        help="continue an interrupted run of the store (its model and settings)")
+                        help="continue an interrupted or failed run of the store with its model "
+                        "and settings: the minutes it ran count against its --budget and the "
+                        "kernels it tried against its --max-candidates; a flag of the search "
+                        "given again (--budget, --max-candidates, --sites, --tiers, "
+                        "--generator, ...) replaces the run's for this resume, while the "
+                        "profile's (--device, --dtype, --seed, the input sizes, --trials, ...) "
+                        "must stay the run's")
+    return parser
+
+
+def _given(parser: argparse.ArgumentParser, argv: list[str] | None,
+           args: argparse.Namespace) -> set[str]:
+    """The options given on the command line, not left at their defaults: argparse fills in
+    a default only where the namespace lacks the name."""
+    unset = object()
+    blank = argparse.Namespace(**dict.fromkeys(vars(args), unset))
+    return {name for name, value in vars(parser.parse_args(argv, blank)).items()
+            if value is not unset}
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = _parser()
     args = parser.parse_args(argv)
+    args.tiers = _tiers(args.tiers)
     if args.resume is not None:
-        _settings_of_run(args)
+        _settings_of_run(args, _given(parser, argv, args))
     if args.model is None:
         raise KilnInputError("no MODEL given", "name a model, or --resume RUN from the store")
-    tiers = tuple(t.strip() for t in args.tiers.split(",") if t.strip())
-    unknown = [t for t in tiers if t not in TIERS]
-    if unknown or not tiers:
-        raise KilnInputError(f"unknown tier(s) in --tiers {args.tiers!r}",
-                             "pass --tiers triton, --tiers cuda or --tiers triton,cuda")
-    args.tiers = tiers
-    args.generator = _generators(args)
+    args.generator = ",".join(_generators(args))
     args.gpus = _gpus(args)
     if args.max_candidates < 1 or args.sites < 1 or args.workers < 1 or args.budget <= 0:
         raise KilnInputError("--budget, --max-candidates, --sites and --workers must be "
@@ -139,19 +160,28 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, ListSitesConfig]
     if args.trials < 1 or args.warmup < 0 or args.batch < 1 or args.seq_len < 1:
         raise KilnInputError("--trials, --batch and --seq-len must be positive, --warmup >= 0",
                              "pass positive counts")
-    peaks = GpuPeaks()
-    if args.bandwidth != 4.3 or args.matrix_tflops:
-        matrix = dict(peaks.matrix_flops)
-        if args.matrix_tflops:
-            matrix[args.dtype or "fp32"] = args.matrix_tflops * 1e12
-        peaks = GpuPeaks("custom GPU", args.bandwidth * 1e12, matrix, peaks.vector_flops)
-    config = ListSitesConfig(
-        model=args.model, device=args.device, dtype=args.dtype, seed=args.seed, out=args.out,
-        shape=BuiltinShape(args.batch, args.seq_len, args.image_size),
-        profile=ProfileConfig(args.warmup, args.trials), peaks=peaks,
-        max_input_bytes=int(args.max_input_mb * 2**20), quiet=False,
-    )
-    return args, config
+    return args
+
+
+def _config(args: argparse.Namespace) -> OptimizeConfig:
+    """The run the command line asks for: its settings, and how to execute it."""
+    base = OptimizeConfig(
+        profile=ListSitesConfig(model=args.model, device=args.device,
+                                quiet=args.json and not args.list_sites),
+        db=args.db, workers=args.workers, gpus=args.gpus, executor=args.executor,
+        ray_address=args.ray_address,
+        llm=LlmConfig(base_url=args.llm_base_url, temperature=args.llm_temperature,
+                      max_tokens=args.llm_max_tokens, timeout_s=args.llm_timeout,
+                      concurrency=args.llm_concurrency))
+    return config_of_settings({name: getattr(args, name) for name in SETTINGS}, base)
+
+
+def _tiers(text: str) -> list[str]:
+    tiers = [t.strip() for t in text.split(",") if t.strip()]
+    if not tiers or any(t not in TIERS for t in tiers):
+        raise KilnInputError(f"unknown tier(s) in --tiers {text!r}",
+                             "pass --tiers triton, --tiers cuda or --tiers triton,cuda")
+    return tiers
 
 
 def _gpus(args: argparse.Namespace) -> tuple[int, ...] | None:
@@ -197,8 +227,9 @@ def _generators(args: argparse.Namespace) -> tuple[str, ...]:
     return names
 
 
-def _settings_of_run(args: argparse.Namespace) -> None:
-    """On --resume, the model and profiling settings come from the run being resumed."""
+def _settings_of_run(args: argparse.Namespace, given: set[str]) -> None:
+    """On --resume, the model and the settings come from the run being resumed; a setting of
+    the search given on the command line replaces the run's, one of the profile must match."""
     if args.list_sites:
         raise KilnInputError("--resume continues a search; --list-sites only profiles",
                              "drop one of them")
@@ -207,52 +238,56 @@ def _settings_of_run(args: argparse.Namespace) -> None:
     if args.model is not None and args.model != run.model_spec:
         raise KilnInputError(f"run {run.id} optimized {run.model_spec}, not {args.model}",
                              f"drop MODEL, or resume a run of {args.model}")
-    settings = run.config
     args.model = run.model_spec
-    for name in ("device", "dtype", "seed", "batch", "seq_len", "image_size", "sites",
-                 "cuda_share", "generator", "llm_model", "strategy", "feedback", "counters"):
-        if name in settings:
-            setattr(args, name, settings[name])
-    args.out = Path(settings.get("out", args.out))
-    args.tiers = ",".join(settings.get("tiers", args.tiers.split(",")))
+    for name, value in run.config.items():
+        if name not in SETTINGS:
+            continue  # a setting an older Kiln stored and no longer reads
+        if name not in given:
+            setattr(args, name, value)
+        elif name in PROFILE_SETTINGS and str(getattr(args, name)) != str(value):
+            flag = "--" + name.replace("_", "-")
+            raise KilnInputError(
+                f"run {run.id} was profiled with {flag} {value}, not {getattr(args, name)}: its "
+                "kernels were judged on the sites that profile made",
+                f"drop {flag} to resume the run, or start a new run")
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, config = _parse(argv)
+    args = _parse(argv)
     if args.list_sites:
-        report = list_sites(config)
+        report = list_sites(_config(args).profile)
         if args.json:
             print(json.dumps(report, indent=2))
         else:
             print_site_table(report)
         return 0
-    tiers = args.tiers
     progress = Progress()
-    if args.device == "cpu" and "cuda" in tiers:
+    if args.device == "cpu" and "cuda" in args.tiers:
         progress.step("the CUDA tier needs a GPU: searching Triton kernels only, under the "
                       "Triton interpreter (CPU timings)")
-        tiers = tuple(t for t in tiers if t != "cuda") or ("triton",)
-    run = OptimizeRun(OptimizeConfig(
-        profile=replace(config, quiet=args.json), db=args.db, budget_minutes=args.budget,
-        max_candidates=args.max_candidates, sites=args.sites, tiers=tiers,
-        cuda_share=args.cuda_share, workers=args.workers, gpus=args.gpus,
-        executor=args.executor, ray_address=args.ray_address,
-        search=SearchConfig(seed=args.seed, strategy=args.strategy),
-        site_compile=args.site_compile, e2e=args.e2e, feedback=args.feedback,
-        counters=args.counters,
-        generators=args.generator,
-        llm=LlmConfig(model=args.llm_model, base_url=args.llm_base_url,
-                      temperature=args.llm_temperature, max_tokens=args.llm_max_tokens,
-                      timeout_s=args.llm_timeout, concurrency=args.llm_concurrency)),
-        progress)
-    report = run.execute(resume=args.resume)
-    slug = Path(report["sites"][0]["problem"]).parents[2].name if report["sites"] else "model"
-    report["report_md"] = str(write_markdown_report(report, args.out / slug / "report.md"))
+        args.tiers = [t for t in args.tiers if t != "cuda"] or ["triton"]
+    run: OptimizeRun | None = None
+    try:
+        run = OptimizeRun(_config(args), progress)
+        report = run.execute(resume=args.resume)
+    except KeyboardInterrupt:
+        run_id = run.run_id if run is not None else None
+        print("kiln: interrupted before the run started; nothing was stored" if run_id is None
+              else f"kiln: run {run_id} interrupted; resume it with: python -m core.optimize "
+              f"--resume {run_id} --db {args.db}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    write_markdown_report(report, Path(report["report_md"]))
     progress.step(f"report written to {report['report_md']}")
     if args.json:
         print(json.dumps(report, indent=2))
     else:
         print_site_table(report)
         print_search_table(report)
+    if report["failure"]:
+        judged = sum(site["evaluations"] for site in report["searched"])
+        print(f"kiln: run {report['run_id']} failed {report['failure']}; kept: {judged} judged "
+              f"kernel(s) in {args.db} and the report {report['report_md']}; to go on: "
+              f"python -m core.optimize --resume {report['run_id']} --db {args.db}",
+              file=sys.stderr)
+        return 1
     return 0
-

@@ -1,15 +1,19 @@
 """The end-to-end claim: winners installed in the whole model, checked and timed.
 
 The installed model is checked against eager on fresh inputs by the evaluator's tolerance
-rules, then eager, `torch.compile` and the installed model are timed by the evaluator's timing
-rules in one process. Whatever Kiln did not beat stays fast: the rest of the model goes to
-inductor, or stays eager when the compiled model is the slower one, and a kernel whose site
-made the whole model slower than `torch.compile` is taken out again. The Amdahl prediction
-from the sites' own speedups sits next to the measured speedup.
+rules. Every timing compares two models, timed in turns, round after round, by the evaluator's
+timing rules in one process, so a clock or a load that drifts hits both alike. Whatever Kiln did
+not beat stays fast: the rest of the model goes to inductor, or stays eager when the compiled
+model is the slower one. Kernels join the model one at a time, the most promising first, and
+each stays only if the model with it beats the model without it by more than the spread of the
+rounds; the report says why each other one was taken out. The Amdahl prediction from the sites'
+own speedups sits next to the measured speedup. With no kernel installed the model is its own
+baseline, 1.00x by definition.
 """
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
@@ -19,6 +23,7 @@ from torch.utils._pytree import tree_map
 
 from core.evaluate.config import EvalConfig
 from core.evaluate.correctness import TOLERANCES, compare_outputs, tolerance_name
+from core.profile.in_situ import steady_threads
 from core.profile.progress import Progress
 from core.runtime.guarded import SiteKernel
 from core.runtime.install import InstalledModel, install
@@ -26,14 +31,18 @@ from core.timing.device_lock import device_lock_path, exclusive_device
 from core.timing.model_timing import time_model
 
 FRESH_SEEDS = (101, 102, 103)
-# The installed model may be this much slower than torch.compile before a kernel is taken out:
-# just above the evaluator's own timing spread on an H200 (bench/results/evaluate_h200.md).
-SLOWER_MARGIN = 0.02
+# Rounds of a comparison, each timing both models: enough for a median and a spread that a
+# single slow round does not set, few enough that checking five kernels stays within minutes.
+ROUNDS = 5
 # Where torch.compile itself lands outside the evaluator's tolerance of eager (a deep bf16 model:
 # GPT-2 small's logits on an H200), the installed model may deviate as far as this many times
 # compile's worst element. There, with one matmul kernel of Kiln's or the other, the worst
 # element stayed close to compile's (bench/results/suite_h200_pass1.md, GPT-2).
 COMPILE_NOISE_FACTOR = 1.5
+# What the reports say of CPU timings (the Triton interpreter, a CPU others share), and of a
+# model with no kernel of Kiln's.
+INDICATIVE = "CPU timings, indicative only: no speedup is claimed from them"
+NOTHING_INSTALLED = "No kernel of Kiln's installed, the model runs as it did: 1.00x"
 
 
 @dataclass(frozen=True)
@@ -43,6 +52,32 @@ class Deviation:
     mismatch: str  # the first element outside the evaluator's tolerance; '' if none
     max_abs_err: float
     max_rel_err: float  # relative to the reference output's scale, as the tolerance is
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Two models timed in turns: each one's median over the rounds, and the spread, the wider
+    range of either one's rounds."""
+
+    with_ms: float
+    without_ms: float
+    spread_ms: float
+
+    @staticmethod
+    def of(with_rounds: list[float], without_rounds: list[float]) -> Comparison:
+        spread = max(max(r) - min(r) for r in (with_rounds, without_rounds))
+        return Comparison(statistics.median(with_rounds), statistics.median(without_rounds),
+                          spread)
+
+    @property
+    def pays(self) -> bool:
+        """Faster with it, by more than the measurements move from round to round."""
+        return self.without_ms - self.with_ms > self.spread_ms
+
+    def why_not(self) -> str:
+        return (f"the model took {self.with_ms:.4f} ms with it, {self.without_ms:.4f} ms "
+                f"without (medians of {ROUNDS} rounds timed in turns), not faster by more than "
+                f"the rounds' spread of {self.spread_ms:.4f} ms")
 
 
 @dataclass(frozen=True)
@@ -181,11 +216,20 @@ class EndToEndCheck:
         self.input_sets = [list(fresh_like(inputs, seed)) for seed in FRESH_SEEDS]
 
     def time(self, run: Callable) -> float:
+        """One round's median of `run`, by the evaluator's timing rules."""
         config = self.config
         with exclusive_device(config.gpu_lock or device_lock_path(self.device)):
             stats = time_model(run, self.input_sets, torch.device(self.device),
                                config.warmup_count, config.trial_count, config.warmup_time_ms)
         return stats.median_ms
+
+    def compare(self, with_it: Callable, without_it: Callable) -> Comparison:
+        """Both models timed in turns, the first of each round alternating."""
+        rounds: dict[int, list[float]] = {0: [], 1: []}
+        for i in range(ROUNDS):
+            for arm in (0, 1) if i % 2 == 0 else (1, 0):
+                rounds[arm].append(self.time((with_it, without_it)[arm]))
+        return Comparison.of(rounds[0], rounds[1])
 
     def _install(self, gains: list[SiteGain], rest: str) -> InstalledModel:
         installed = install(self.model, [g.kernel for g in gains], rest=rest)
@@ -200,86 +244,91 @@ class EndToEndCheck:
     def _wrong(self, installed: Callable, compiled: Deviation) -> str:
         return why_wrong(self._deviation(installed), compiled)
 
-    def _drop_unpaid(self, kept: list[SiteGain], rest: str, installed: InstalledModel,
-                     optimized_ms: float, removed: dict[str, str]
-                     ) -> tuple[InstalledModel, float]:
-        """Take out, least promising first, each kernel the model is faster without: beating
-        the baseline together, one kernel can still cost more at its boundary than its site
-        saves (on an H200 a conv epilogue through its op cost conv + group norm + SiLU far
-        more than its site saved: bench/NOTES.md, third round, suite)."""
-        for gain in sorted(kept, key=lambda g: g.saved_ms):
-            if len(kept) == 1:
-                break
-            others = [g for g in kept if g is not gain]
-            without = self._install(others, rest)
-            without_ms = self.time(without)
-            if without_ms * (1 + SLOWER_MARGIN) < optimized_ms:
-                kept.remove(gain)
-                removed[gain.kernel.key] = (f"the model took {optimized_ms:.4f} ms with it, "
-                                            f"{without_ms:.4f} ms without")
-                self.progress.step(f"end to end: {gain.kernel.key} did not pay; taken out")
-                installed, optimized_ms = without, without_ms
-        return installed, optimized_ms
+    def _correct(self, gains: list[SiteGain], rest: str, compiled: Deviation,
+                 removed: dict[str, str]) -> list[SiteGain]:
+        """The kernels the whole model agrees with. Each passed on its site alone; only when
+        the model is wrong with all of them is each tried on its own."""
+        if not gains or not self._wrong(self._install(gains, rest), compiled):
+            return gains
+        right = []
+        for gain in gains:
+            wrong = self._wrong(self._install([gain], rest), compiled)
+            if wrong:
+                removed[gain.kernel.key] = f"the model was wrong with it: {wrong}"
+            else:
+                right.append(gain)
+        return right
+
+    def _paying(self, gains: list[SiteGain], rest: str, baseline: Callable,
+                removed: dict[str, str]) -> tuple[list[SiteGain], InstalledModel | None, float]:
+        """Kernels added one at a time, the most promising first, each kept only if the model
+        is faster with it than without it beyond the spread of the rounds: one kernel can win
+        alone yet cost the model more than it saves (a fusion inductor would have made across
+        its site's edge, or a boundary that costs more than its site saves: bench/NOTES.md,
+        third round, suite). The kernels kept, the model with them and its time (None and the
+        baseline's time when none is kept)."""
+        if not self.drop_slower and gains:
+            installed = self._install(gains, rest)
+            return gains, installed, self.compare(installed, baseline).with_ms
+        kept: list[SiteGain] = []
+        installed, model_ms = None, 0.0
+        for gain in gains:
+            with_it = self._install([*kept, gain], rest)
+            comparison = self.compare(with_it, baseline if installed is None else installed)
+            if comparison.pays:
+                kept.append(gain)
+                installed, model_ms = with_it, comparison.with_ms
+            else:
+                removed[gain.kernel.key] = comparison.why_not()
+                self.progress.step(f"end to end: {gain.kernel.key} did not make the model "
+                                   "faster; taken out")
+        return kept, installed, model_ms
 
     def run(self, total_ms: float, gains: list[SiteGain]) -> EndToEnd:
-        self.progress.step("end to end: timing eager and torch.compile")
-        eager_ms = self.time(self.model)
+        with steady_threads(torch.device(self.device)):
+            return self._run(total_ms, gains)
+
+    def _run(self, total_ms: float, gains: list[SiteGain]) -> EndToEnd:
+        self.progress.step("end to end: timing eager and torch.compile in turns")
         compiled = torch.compile(self.model)
         with torch.no_grad():
             compiled(*self.input_sets[0])
-        compile_ms = self.time(compiled)
+        times = self.compare(self.model, compiled)
+        eager_ms, compile_ms = times.with_ms, times.without_ms
         compiled_deviation = self._deviation(compiled)
         rest = self.rest or ("inductor" if compile_ms <= eager_ms else "eager")
-        target_ms = min(eager_ms, compile_ms)
-        kept = sorted(gains, key=lambda g: -g.saved_ms)
+        baseline = {"eager": self.model, "inductor": compiled}[rest]
         removed: dict[str, str] = {}
-        self.progress.step(f"end to end: installing {len(kept)} kernel(s), the rest to {rest}")
-        installed = self._install(kept, rest)
-        if self._wrong(installed, compiled_deviation):
-            # Each kernel passed on its site alone; find the ones the whole model disagrees with.
-            for gain in list(kept):
-                wrong = self._wrong(self._install([gain], rest), compiled_deviation)
-                if wrong:
-                    kept.remove(gain)
-                    removed[gain.kernel.key] = f"the model was wrong with it: {wrong}"
-            installed = self._install(kept, rest)
-        # With no kernel the model is the baseline itself (`install`), already timed: timing it
-        # again would only add noise to a 1.00x.
-        baseline_ms = {"eager": eager_ms, "inductor": compile_ms}[rest]
-        optimized_ms = self.time(installed) if kept else baseline_ms
-        # A kernel can win alone yet cost the model more than it saves (a fusion inductor
-        # would have made across its site's edge): take out the least promising until the
-        # model is no slower than the faster of eager and torch.compile.
-        while self.drop_slower and kept and optimized_ms > target_ms * (1 + SLOWER_MARGIN):
-            dropped = kept.pop()
-            removed[dropped.kernel.key] = (
-                f"the model took {optimized_ms:.4f} ms with it, against {target_ms:.4f} ms "
-                "with no kernel of Kiln's")
-            self.progress.step(f"end to end: {dropped.kernel.key} slowed the model; taken out")
-            installed = self._install(kept, rest)
-            optimized_ms = self.time(installed) if kept else baseline_ms
-        if self.drop_slower:
-            installed, optimized_ms = self._drop_unpaid(kept, rest, installed, optimized_ms,
-                                                        removed)
-        # With no kernel the model is the baseline, whose deviation is already known.
-        baseline_deviation = {"eager": Deviation("", 0.0, 0.0),
-                              "inductor": compiled_deviation}[rest]
-        deviation = self._deviation(installed) if kept else baseline_deviation
+        ranked = sorted(gains, key=lambda g: -g.saved_ms)
+        self.progress.step(f"end to end: {len(ranked)} kernel(s) to try, the rest to {rest}")
+        right = self._correct(ranked, rest, compiled_deviation, removed)
+        kept, installed, optimized_ms = self._paying(right, rest, baseline, removed)
+        deviation = compiled_deviation if rest == "inductor" else Deviation("", 0.0, 0.0)
+        ran: list[str] = []
+        calls: dict[str, int] = {}
+        untraceable: dict[str, str] = {}
+        if installed is not None:
+            deviation = self._deviation(installed)
+            failures = installed.failures()
+            for key, why in failures.items():
+                removed[key] = f"failed at run time and fell back to PyTorch: {why}"
+            ran = sorted({call.split(": ")[0] for call in installed.calls
+                          if call.endswith(": kernel")} - set(failures))
+            calls = installed.stats()
+            untraceable = {k: v for k, v in installed.untraceable.items() if k in ran}
+        # With no kernel of Kiln's the model is its own baseline, 1.00x by definition: timing
+        # it once more would only turn noise into a figure.
+        if not ran:
+            optimized_ms = {"eager": eager_ms, "inductor": compile_ms}[rest]
         reason = why_wrong(deviation, compiled_deviation)
-        failures = installed.failures()
-        for key, why in failures.items():
-            removed[key] = f"failed at run time and fell back to PyTorch: {why}"
-        ran = sorted({call.split(": ")[0] for call in installed.calls
-                      if call.endswith(": kernel")} - set(failures))
         return EndToEnd(
             correct=not reason, reason=reason, max_abs_err=deviation.max_abs_err,
             max_rel_err=deviation.max_rel_err,
             eager_ms=eager_ms, optimized_ms=optimized_ms, compile_ms=compile_ms,
-            speedup_vs_eager=eager_ms / optimized_ms,
-            speedup_vs_compile=compile_ms / optimized_ms,
+            speedup_vs_eager=eager_ms / optimized_ms if ran else 1.0,
+            speedup_vs_compile=compile_ms / optimized_ms if ran else 1.0,
             predicted_speedup=predicted_speedup(total_ms,
                                                 [g for g in kept if g.kernel.key in ran]),
             compile_max_rel_err=compiled_deviation.max_rel_err, rest=rest,
             timing="gpu" if self.device == "cuda" else "cpu",
-            installed=ran, removed=removed, calls=installed.stats(),
-            untraceable={k: v for k, v in installed.untraceable.items() if k in ran})
+            installed=ran, removed=removed, calls=calls, untraceable=untraceable)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from core.optimize.e2e import correctness_text
+from core.optimize.e2e import INDICATIVE, NOTHING_INSTALLED, correctness_text
 
 
 def _ms(value: float | None) -> str:
@@ -16,6 +16,37 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return lines + ["| " + " | ".join(row) + " |" for row in rows]
 
 
+def _end_to_end(e2e: dict) -> list[str]:
+    if e2e.get("error"):
+        return ["## End to end", "", f"Not done: {e2e['error']}.", ""]
+    cpu = e2e["timing"] == "cpu"
+    timing = INDICATIVE if cpu else "GPU timing"
+    if not e2e["installed"]:
+        lines = ["## End to end", "",
+                 f"{NOTHING_INSTALLED}. Timed for reference "
+                 f"({timing}): eager {e2e['eager_ms']:.4f} ms, torch.compile "
+                 f"{e2e['compile_ms']:.4f} ms.", ""]
+    else:
+        verdict = correctness_text(e2e, wrong="**wrong**")
+        header = ["eager ms", "torch.compile ms", "Kiln ms"]
+        row = [f"{e2e['eager_ms']:.4f}", f"{e2e['compile_ms']:.4f}", f"{e2e['optimized_ms']:.4f}"]
+        if not cpu:
+            header += ["vs eager", "vs torch.compile", "predicted (Amdahl) vs eager"]
+            row += [f"{e2e['speedup_vs_eager']:.2f}x", f"{e2e['speedup_vs_compile']:.2f}x",
+                    f"{e2e['predicted_speedup']:.2f}x"]
+        lines = ["## End to end", "",
+                 f"{len(e2e['installed'])} kernel(s) installed, every other op run by "
+                 f"{e2e['rest']}; {verdict}. Timing: {timing}.", "", *_table(header, [row])]
+    if e2e["removed"]:
+        lines += ["", "Kernels taken out:", ""]
+        lines += [f"- `{key}`: {why}" for key, why in e2e["removed"].items()]
+    if e2e.get("untraceable"):
+        lines += ["", "Kernels called through their custom op (inductor could not trace "
+                  "them):", ""]
+        lines += [f"- `{key}`: {why}" for key, why in e2e["untraceable"].items()]
+    return [*lines, ""]
+
+
 def markdown_report(report: dict) -> str:
     timing = report["timing"]
     lines = [f"# Kiln: {report['model']}", "",
@@ -23,26 +54,13 @@ def markdown_report(report: dict) -> str:
              f"{report['device']}, timing: {timing}. Model time {report['total_ms']:.3f} ms eager, "
              f"{report['captured_ms']:.3f} ms as captured; floors against {report['floor_gpu']}.",
              ""]
-    e2e = report.get("e2e")
-    if e2e:
-        verdict = correctness_text(e2e, wrong="**wrong**")
-        lines += ["## End to end", "",
-                  f"{len(e2e['installed'])} kernel(s) installed, every other op run by "
-                  f"{e2e['rest']}; {verdict}. Timing: {e2e['timing'].upper()}.", ""]
-        lines += _table(
-            ["eager ms", "torch.compile ms", "Kiln ms", "vs eager", "vs torch.compile",
-             "predicted (Amdahl) vs eager"],
-            [[f"{e2e['eager_ms']:.4f}", f"{e2e['compile_ms']:.4f}", f"{e2e['optimized_ms']:.4f}",
-              f"{e2e['speedup_vs_eager']:.2f}x", f"{e2e['speedup_vs_compile']:.2f}x",
-              f"{e2e['predicted_speedup']:.2f}x"]])
-        if e2e["removed"]:
-            lines += ["", "Kernels taken out:", ""]
-            lines += [f"- `{key}`: {why}" for key, why in e2e["removed"].items()]
-        if e2e.get("untraceable"):
-            lines += ["", "Kernels called through their custom op (inductor could not trace "
-                      "them):", ""]
-            lines += [f"- `{key}`: {why}" for key, why in e2e["untraceable"].items()]
-        lines.append("")
+    if report["device"] == "cpu":
+        lines += [f"{INDICATIVE}.", ""]
+    if report.get("failure"):
+        lines += [f"**The run failed** {report['failure']}; what it judged until then is below "
+                  "and in the store.", ""]
+    if report.get("e2e"):
+        lines += _end_to_end(report["e2e"])
     lines += ["## Searched sites", "",
               "Speedup against the faster of the site's eager and torch.compile times.", ""]
     lines += _table(

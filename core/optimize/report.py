@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from core.optimize.e2e import correctness_text
+from core.optimize.e2e import INDICATIVE, NOTHING_INSTALLED, correctness_text
 
 
 def _ms(value: float | None) -> str:
@@ -28,15 +28,25 @@ def print_search_table(report: dict, out=sys.stdout) -> None:
 
 
 def print_end_to_end(e2e: dict, out=sys.stdout) -> None:
-    verdict = correctness_text(e2e, wrong="WRONG")
-    print(f"\nend to end ({e2e['timing'].upper()} timing): the model with "
-          f"{len(e2e['installed'])} kernel(s) installed, the rest {e2e['rest']}: {verdict}",
-          file=out)
-    print(f"{'eager ms':>10} {'compile ms':>11} {'Kiln ms':>10} {'vs eager':>9} "
-          f"{'vs compile':>11} {'predicted':>10}", file=out)
-    print(f"{e2e['eager_ms']:10.4f} {e2e['compile_ms']:11.4f} {e2e['optimized_ms']:10.4f} "
-          f"{e2e['speedup_vs_eager']:8.2f}x {e2e['speedup_vs_compile']:10.2f}x "
-          f"{e2e['predicted_speedup']:9.2f}x", file=out)
+    if e2e.get("error"):
+        print(f"\nend to end: not done: {e2e['error']}", file=out)
+        return
+    cpu = e2e["timing"] == "cpu"
+    timing = INDICATIVE if cpu else "GPU timing"
+    if not e2e["installed"]:
+        print(f"\nend to end ({timing})\n{NOTHING_INSTALLED} (eager {e2e['eager_ms']:.4f} ms, "
+              f"torch.compile {e2e['compile_ms']:.4f} ms)", file=out)
+    else:
+        verdict = correctness_text(e2e, wrong="WRONG")
+        print(f"\nend to end ({timing}): the model with {len(e2e['installed'])} kernel(s) "
+              f"installed, the rest {e2e['rest']}: {verdict}", file=out)
+        header = f"{'eager ms':>10} {'compile ms':>11} {'Kiln ms':>10}"
+        row = f"{e2e['eager_ms']:10.4f} {e2e['compile_ms']:11.4f} {e2e['optimized_ms']:10.4f}"
+        if not cpu:
+            header += f" {'vs eager':>9} {'vs compile':>11} {'predicted':>10}"
+            row += (f" {e2e['speedup_vs_eager']:8.2f}x {e2e['speedup_vs_compile']:10.2f}x "
+                    f"{e2e['predicted_speedup']:9.2f}x")
+        print(header, file=out)
+        print(row, file=out)
     for key, why in e2e["removed"].items():
         print(f"  {key} taken out: {why}", file=out)
-

@@ -6,6 +6,11 @@ discounted by the evaluations it has had. A site's Triton phase settles when its
 stops; if it still holds at least `cuda_share` of the model's remaining time, the CUDA tier
 joins the same tree, seeded from its best Triton kernel. Every candidate and verdict is
 written to the store the moment it exists.
+
+A step that fails (a site's baseline, the search, the end-to-end check; out of memory, say)
+ends the run as failed, with what it judged kept and reported; Ctrl-C leaves it interrupted
+(`core.optimize.interrupt`). Either can be resumed, to the run's own budget: the minutes it
+already ran count.
 """
 
 from __future__ import annotations
@@ -14,7 +19,6 @@ import hashlib
 import math
 import platform
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,95 +26,24 @@ import torch
 
 from core.evaluate import EvalConfig, Evaluator, Verdict
 from core.evaluate.site_baseline import time_site
-from core.optimize.e2e import EndToEnd, EndToEndCheck, SiteGain
-from core.profile.pipeline import ListSitesConfig, ProfiledModel, profile_sites
+from core.optimize.config import OptimizeConfig, minutes_spent, run_settings
+from core.optimize.e2e import EndToEnd, EndToEndCheck
+from core.optimize.interrupt import GracefulStop
+from core.optimize.site_run import SiteRun, feedback_of
+from core.profile.pipeline import ProfiledModel, profile_sites
 from core.profile.progress import Progress
 from core.profile.sites import Site
-from core.runtime.errors import KilnInputError
-from core.runtime.guarded import SiteKernel
+from core.runtime.errors import KilnInputError, error_line
 from core.search.best_counters import profile_best
-from core.search.tree import Node, SearchConfig, SiteSearch
+from core.search.tree import Node, SiteSearch
 from generators.base import Feedback, Generator, Parent, Proposal, Proposals, Repairer
-from generators.llm.config import LlmCall, LlmConfig
+from generators.llm.config import LlmCall
 from generators.mixed import MixedGenerator
 from generators.rules import RulesGenerator
 from store import Candidate, Store
 
 if TYPE_CHECKING:
     from core.evaluate.ray_executor import RayEvaluator
-
-
-@dataclass(frozen=True)
-class OptimizeConfig:
-    profile: ListSitesConfig
-    db: Path = Path("kiln.db")
-    budget_minutes: float = 10.0
-    max_candidates: int = 200
-    sites: int = 5
-    tiers: tuple[str, ...] = ("triton", "cuda")
-    cuda_share: float = 0.10
-    workers: int = 1
-    gpus: tuple[int, ...] | None = None  # local executor: GPUs to spread workers over; None: all
-    executor: str = "local"  # "local": worker processes here; "ray": Ray tasks on a cluster
-    ray_address: str | None = None  # None: start a Ray instance on this machine
-    search: SearchConfig = SearchConfig()
-    generators: tuple[str, ...] = ("rules",)  # "rules", "llm" or both, in one tree
-    llm: LlmConfig = LlmConfig()
-    site_compile: bool = True  # time each searched site under torch.compile as well as eager
-    e2e: bool = True  # install the winners and check and time the whole model
-    # Diagnoses (from kernel reports, timing and counters) steer the generators; off, they see
-    # only verdicts and timings.
-    feedback: bool = True
-    counters: int = 0  # per site, the best kernels to read hardware counters for (0: none)
-
-
-@dataclass(eq=False)
-class SiteRun:
-    site: Site
-    site_id: int
-    search: SiteSearch
-    tiers: tuple[str, ...]
-    verdicts: dict[int, Verdict] = field(default_factory=dict)  # by id() of the proposal
-    stored: dict[int, Verdict] = field(default_factory=dict)  # by candidate id
-    profiled: set[int] = field(default_factory=set)  # candidate ids with counters
-    eager_ms: float | None = None
-    compile_ms: float | None = None
-
-    def note_baseline(self, eager_ms: float | None, compile_ms: float | None = None) -> None:
-        """The site's PyTorch times; the search measures kernels against the faster.
-
-        Eager comes from the first verdict that timed it, unless measured beside compile.
-        """
-        if compile_ms is not None:
-            self.compile_ms = compile_ms
-        if eager_ms and self.eager_ms is None:
-            self.eager_ms = eager_ms
-        times = [t for t in (self.eager_ms, self.compile_ms) if t]
-        if times and not math.isfinite(self.search.baseline_ms):
-            self.search.baseline_ms = min(times)
-
-    @property
-    def winner(self) -> SiteGain | None:
-        """The site's best kernel, if it beats the site's baseline."""
-        best = self.search.best
-        if best is None or best.latency_ms >= self.search.baseline_ms or not self.eager_ms:
-            return None
-        kernel = SiteKernel(self.site.key, best.proposal.source, self.site.problem.source)
-        return SiteGain(kernel, self.site.time_ms, self.eager_ms / best.latency_ms)
-
-    @property
-    def headroom(self) -> float:
-        """How far above its floor the site's best is, in (0, 1]."""
-        floor = self.site.cost.floor_ms
-        best = self.search.best_ms
-        return max(0.0, 1.0 - floor / best) if best > 0 else 0.0
-
-
-def feedback_of(verdict: Verdict, floor_ms: float, diagnosis: bool = True) -> Feedback:
-    return Feedback(accepted=verdict.accepted, reason=verdict.reason,
-                    latency_ms=verdict.latency_ms, baseline_ms=verdict.baseline_ms,
-                    floor_ms=floor_ms, compile_log=verdict.compile_log,
-                    diagnosis=verdict.diagnosis if diagnosis else "")
 
 
 def _versions() -> dict[str, str]:
@@ -133,7 +66,9 @@ class OptimizeRun:
         self.site_of_problem: dict[Path, int] = {}
         self.generator = self._generator()
         self.started = time.perf_counter()
+        self.spent_minutes = 0.0  # what a resumed run ran before this process took it over
         self.evaluated = 0
+        self.stop = GracefulStop(progress)
 
     def _generator(self) -> Generator:
         made: list[Generator] = []
@@ -211,7 +146,7 @@ class OptimizeRun:
         return share * max(run.headroom, 1e-3) / math.sqrt(1 + run.search.evaluations)
 
     def _out_of_budget(self) -> bool:
-        minutes = (time.perf_counter() - self.started) / 60
+        minutes = self.spent_minutes + (time.perf_counter() - self.started) / 60
         return (self.evaluated >= self.config.max_candidates
                 or minutes >= self.config.budget_minutes)
 
@@ -233,7 +168,11 @@ class OptimizeRun:
     def execute(self, resume: int | None = None) -> dict[str, object]:
         """Run the search; with `resume`, continue that interrupted run of the store."""
         config = self.config
-        state = self.store.resume_run(resume) if resume is not None else None
+        state = None
+        if resume is not None:
+            self.run_id = resume
+            self.spent_minutes = minutes_spent(self.store.run(resume))
+            state = self.store.resume_run(resume)
         self.progress.step("profiling")
         profiled = profile_sites(config.profile)
         report = profiled.report
@@ -258,29 +197,46 @@ class OptimizeRun:
                         key=lambda s: -(s.time_ms * (1 - s.floor_ms / max(s.time_ms, 1e-9))))
         chosen = chosen[: config.sites]
         eval_config = EvalConfig(device=config.profile.device, gpus=config.gpus)
+        runs: list[SiteRun] = []
+        e2e: dict[str, object] | None = None
+        failure = ""
+        doing = "timing the sites' baselines"
         try:
-            with self._evaluator(eval_config) as evaluator:
+            with self._evaluator(eval_config) as evaluator, self.stop.deferred():
                 runs = [self._site_run(s, site_ids[s.key], evaluator) for s in chosen]
                 stored = {s.id: s for s in state.sites} if state is not None else {}
                 self._baselines(runs, stored, eval_config)
+                doing = "searching"
                 if state is not None:
                     self._restore(runs, state.candidates, evaluator)
                 self._search(runs, total, evaluator)
-            e2e = self._end_to_end(profiled, runs, total) if config.e2e else None
-        except BaseException:
+            self.stop.check()
+            if config.e2e:
+                doing = "checking the model end to end"
+                e2e = self._end_to_end(profiled, runs, total).to_dict()
+        except KeyboardInterrupt:
+            self.store.heartbeat(run_id)  # the last moment it ran, for the resumed budget
+            raise
+        except KilnInputError:
             self.store.finish_run(run_id, status="failed")
             raise
+        except Exception as err:  # out of memory, say: what was judged is kept and reported
+            failure = f"while {doing}: {error_line(err)}"
+            if doing == "checking the model end to end":
+                e2e = {"error": error_line(err)}
         finally:
             close = getattr(self.generator, "close", None)
             if close is not None:
                 close()
-        e2e_record = e2e.to_dict() if e2e is not None else None
-        self.store.finish_run(run_id, status="done", e2e=e2e_record)
+        self.store.finish_run(run_id, status="failed" if failure else "done", e2e=e2e)
         return {**report, "run_id": run_id, "db": str(config.db),
-                "resumed": state is not None,
+                "report_md": str(config.profile.out / profiled.loaded.name
+                                 / f"report-run{run_id}.md"),
+                "resumed": state is not None, "status": "failed" if failure else "done",
+                "failure": failure,
                 "searched": [self._site_result(r) for r in runs],
                 "sites": [self._with_best(s, runs) for s in report["sites"]],
-                "e2e": e2e_record}
+                "e2e": e2e}
 
     def _baselines(self, runs: list[SiteRun], stored: dict[int, object],
                    eval_config: EvalConfig) -> None:
@@ -288,6 +244,7 @@ class OptimizeRun:
         if not self.config.site_compile:
             return
         for run in runs:
+            self.stop.check()
             site = stored.get(run.site_id)
             if site is not None and site.compile_ms is not None:
                 run.note_baseline(site.eager_ms, site.compile_ms)
@@ -372,6 +329,7 @@ class OptimizeRun:
     def _search(self, runs: list[SiteRun], total_ms: float,
                 evaluator: Evaluator | RayEvaluator) -> None:
         while not self._out_of_budget():
+            self.stop.check()
             for run in runs:
                 if run.search.done:
                     self._maybe_add_cuda(run, total_ms)
@@ -420,20 +378,6 @@ class OptimizeRun:
             return {**record, "best": {"candidate_id": None, "tier": "torch",
                                        "latency_ms": None, "speedup": 1.0}}
         return {**record, **self._site_result(searched)}
-
-
-def run_settings(config: OptimizeConfig) -> dict[str, object]:
-    """What a run was started with: enough to profile the model again on resume."""
-    profile = config.profile
-    return {"device": profile.device, "dtype": profile.dtype, "seed": profile.seed,
-            "batch": profile.shape.batch, "seq_len": profile.shape.seq_len,
-            "image_size": profile.shape.image_size, "out": str(profile.out),
-            "tiers": list(config.tiers), "sites": config.sites,
-            "budget_minutes": config.budget_minutes, "max_candidates": config.max_candidates,
-            "cuda_share": config.cuda_share, "search_seed": config.search.seed,
-            "strategy": config.search.strategy, "feedback": config.feedback,
-            "counters": config.counters,
-            "generator": ",".join(config.generators), "llm_model": config.llm.model}
 
 
 def _model_hash(profiled: ProfiledModel) -> str:

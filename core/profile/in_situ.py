@@ -1,6 +1,8 @@
 """Where the time goes: the whole model's latency and each site's in-situ share of it.
 
-Forwards of three kinds alternate in every trial, so all see the same machine state:
+Forwards of three kinds take turns in every trial, in an order that rotates from trial to
+trial (whichever runs first finds the caches its predecessor left), so all see the same
+machine state:
 - the eager model, unmarked: its time on the device, and its latency with launches;
 - the captured program (the graphs Kiln cut into sites), unmarked: what the sites add up to.
   It can differ from eager: libraries take other paths under torch.compile;
@@ -8,12 +10,16 @@ Forwards of three kinds alternate in every trial, so all see the same machine st
   between its two marks, inside a real forward (real cache state, real neighbours).
 
 On a GPU the timed forwards are queued behind a sleep kernel long enough for the CPU to
-enqueue the whole forward first, so times are the GPU's own, not inflated by launch gaps or
-by the extra launches the marks cost. The eager latency with launches (the sleep left out) is
-reported beside them: a model whose eager latency is far above its device time is bound by
-Python and launches, which kernels alone do not fix. What no site owns (views, ops kept with
-PyTorch, Python between graphs) is reported as kept, so the parts add up to the marked
-forward.
+enqueue the whole forward first, so times are the GPU's own, not inflated by launch gaps. The
+marks themselves still cost time inside every gap (on a GPU the event recorded between two
+kernels, on the CPU the call that reads the clock), which made the parts of small models
+add up to a fifth or a third more than the program (bench/NOTES.md, profiler accounting on
+small models). That cost is measured in every trial, on a run of tiny ops marked after each
+against the same run marked at its ends only, and taken out of every gap. The
+eager latency with launches (the sleep left out) is reported beside the times: a model whose
+eager latency is far above its device time is bound by Python and launches, which kernels
+alone do not fix. What no site owns (views, ops kept with PyTorch, Python between graphs) is
+reported as kept, so the parts add up to the captured program.
 """
 
 from __future__ import annotations
@@ -21,8 +27,10 @@ from __future__ import annotations
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import pairwise
 
 import torch
 
@@ -33,6 +41,10 @@ from core.timing.device_lock import device_lock_path, exclusive_device
 from core.timing.timer import TimingStats, synchronize, time_once
 
 _OUTSIDE = -1  # the graph index of the marks around a whole forward
+_PROBE = -2  # the graph index of the marks that measure what a mark costs
+# Tiny ops in the run that measures a mark: enough for a median per mark that the noise of
+# one op does not move, few enough to cost a fraction of a forward.
+PROBE_OPS = 16
 
 
 @dataclass(frozen=True)
@@ -47,7 +59,8 @@ class Profile:
     model: TimingStats  # eager, unmarked, device time
     latency: TimingStats  # eager, unmarked, launches included
     captured: TimingStats  # the captured program, unmarked
-    instrumented_ms: float  # median marked forward
+    instrumented_ms: float  # median marked forward, the marks' own cost included
+    mark_ms: float  # what a mark adds to the gap it closes, taken out of every gap
     kept_ms: float  # inside graphs, owned by no site
     outside_ms: float  # between graphs: Python, graph breaks, guards
     site_ms: dict[str, float]
@@ -59,6 +72,24 @@ class Profile:
     @property
     def accounted_ms(self) -> float:
         return sum(self.site_ms.values()) + self.kept_ms + self.outside_ms
+
+
+@contextmanager
+def steady_threads(device: torch.device) -> Iterator[None]:
+    """On the CPU, one intra-op thread. With several, an op waits for whichever of its threads
+    the OS has set aside, and on a loaded machine the same forward took its time or tens of
+    times more, from trial to trial; the GPU's timings are left alone. Around the compiling
+    too, not the timing alone: torch.compile's guards hold the thread count, so a change
+    between the two compiles the model anew, and the graphs timed are not those captured."""
+    if device.type != "cpu":
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def device_label(device: torch.device) -> str:
@@ -93,19 +124,41 @@ def _elapsed_ms(first: Mark, mark: Mark) -> float:
     return (mark.clock_ns - first.clock_ns) / 1e6
 
 
-def _one_trial(marks: list[Mark], owner: Callable[[int, int], str | None]) -> dict[str, float]:
-    """Times of one forward by owner (a site key, 'kept' or 'outside')."""
-    times = [_elapsed_ms(marks[0], m) for m in marks]
+# The time between two consecutive marks: who owns it (a site key, 'kept' or 'outside'), and
+# how many milliseconds it lasted.
+Gap = tuple[str, float]
+
+
+def _gaps(marks: list[Mark], owner: Callable[[int, int], str | None]) -> list[Gap]:
+    """The gaps between consecutive marks of one forward, each with its owner."""
+    gaps = []
+    for prev, mark in pairwise(marks):
+        segment = mark.graph == prev.graph != _OUTSIDE and mark.boundary == prev.boundary + 1
+        who = (owner(mark.graph, prev.boundary) or "kept") if segment else "outside"
+        gaps.append((who, _elapsed_ms(prev, mark)))
+    return gaps
+
+
+def _by_owner(gaps: list[Gap], mark_ms: float) -> dict[str, float]:
+    """One forward's time by owner, each gap less the cost of the mark that closes it."""
     result: dict[str, float] = defaultdict(float)
-    in_graphs = 0.0
-    for i in range(1, len(marks)):
-        prev, mark = marks[i - 1], marks[i]
-        same_graph = mark.graph == prev.graph != _OUTSIDE
-        if same_graph and mark.boundary == prev.boundary + 1:
-            result[owner(mark.graph, prev.boundary) or "kept"] += times[i] - times[i - 1]
-            in_graphs += times[i] - times[i - 1]
-    result["outside"] = times[-1] - in_graphs
+    for who, ms in gaps:
+        result[who] += max(0.0, ms - mark_ms)
     return result
+
+
+def _typical(trials: list[dict[str, float]]) -> dict[str, float]:
+    """Each owner's mean over the middle half of the forwards, ranked by their whole time.
+
+    A forward slowed as a whole is left out whole, and the parts still add up to a typical
+    forward, which the parts' own medians do not: their spreads are lopsided, and on a loaded
+    CPU they came to 12 % under the program.
+    """
+    ranked = sorted(trials, key=lambda trial: sum(trial.values()))
+    cut = len(ranked) // 4
+    middle = ranked[cut:len(ranked) - cut]
+    owners = set().union(*middle)
+    return {who: statistics.fmean(trial.get(who, 0.0) for trial in middle) for who in owners}
 
 
 def profile_model(loaded: LoadedModel, capture: Capture, table: SiteTable,
@@ -120,12 +173,13 @@ def profile_model(loaded: LoadedModel, capture: Capture, table: SiteTable,
     recorder = capture.recorder
     queue = QueueAhead(device)
 
-    def marked_forward() -> list[Mark]:
+    def marked_run(body: Callable[[], object]) -> list[Mark]:
+        """The marks of one queued run of `body`, between a first and a last mark."""
         recorder.marks.clear()
         queue()
         recorder.active = True
         recorder.mark(_OUTSIDE, 0)
-        capture.compiled(*loaded.inputs)
+        body()
         recorder.mark(_OUTSIDE, 1)
         recorder.active = False
         synchronize(device)
@@ -141,33 +195,57 @@ def profile_model(loaded: LoadedModel, capture: Capture, table: SiteTable,
         queue()
         return time_once(fn, device)
 
-    samples: dict[str, list[float]] = {"latency": [], "eager": [], "captured": []}
-    trials: list[dict[str, float]] = []
+    def marked() -> float:
+        marks = marked_run(captured)
+        forwards.append(_gaps(marks, lambda g, k: owners.get((g, k))))
+        return _elapsed_ms(marks[0], marks[-1])
+
+    tiny = torch.zeros(1, device=device)
+
+    def tiny_ops(marked_each: bool) -> None:
+        for k in range(PROBE_OPS):
+            tiny.add_(1)
+            if marked_each:
+                recorder.mark(_PROBE, k)
+
+    def mark_cost() -> float:
+        """What a mark adds between two ops: tiny ops marked after each, less the same ops
+        marked at their ends only, per mark."""
+        each, ends = (_elapsed_ms(marks[0], marks[-1])
+                      for marks in (marked_run(lambda: tiny_ops(True)),
+                                    marked_run(lambda: tiny_ops(False))))
+        return (each - ends) / PROBE_OPS
+
+    measures: dict[str, Callable[[], float]] = {
+        "latency": lambda: time_once(eager, device), "eager": lambda: queued(eager),
+        "captured": lambda: queued(captured), "marked": marked, "mark": mark_cost}
+    names = list(measures)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    forwards: list[list[Gap]] = []
     total = config.warmup + config.trials
     # Other Kiln processes on this machine wait while the forwards are timed.
     with torch.no_grad(), exclusive_device(device_lock_path(device.type)):
         queue.fit(max(_enqueue_ms(eager, device), _enqueue_ms(captured, device)))
         for i in range(total):
-            latency = time_once(eager, device)
-            times = (latency, queued(eager), queued(captured))
-            marks = marked_forward()
+            turn = i % len(names)
+            times = {name: measures[name]() for name in names[turn:] + names[:turn]}
             if i >= config.warmup:
-                for name, value in zip(samples, times, strict=True):
+                for name, value in times.items():
                     samples[name].append(value)
-                trials.append(_one_trial(marks, lambda g, k: owners.get((g, k))))
             progress(i + 1, total)
     recorder.marks.clear()
+    forwards = forwards[config.warmup:]
 
-    def median(key: str) -> float:
-        return statistics.median(t.get(key, 0.0) for t in trials)
-
-    site_ms = {site.key: median(site.key) for site in table.sites}
+    mark_ms = max(0.0, statistics.median(samples["mark"]))
+    parts = _typical([_by_owner(gaps, mark_ms) for gaps in forwards])
+    site_ms = {site.key: parts.get(site.key, 0.0) for site in table.sites}
     for site in table.sites:
         site.time_ms = site_ms[site.key]
-    instrumented = statistics.median(sum(t.values()) for t in trials)
-    stats = {name: TimingStats.from_samples(v, device.type) for name, v in samples.items()}
+    stats = {name: TimingStats.from_samples(samples[name], device.type)
+             for name in ("eager", "latency", "captured")}
     return Profile(device_label(device), stats["eager"], stats["latency"], stats["captured"],
-                   instrumented, median("kept"), median("outside"), site_ms)
+                   statistics.median(samples["marked"]), mark_ms, parts.get("kept", 0.0),
+                   parts.get("outside", 0.0), site_ms)
 
 
 def _enqueue_ms(forward: Callable[[], object], device: torch.device) -> float:

@@ -134,7 +134,12 @@ def _from_torchvision(name: str, shape: BuiltinShape) -> tuple[nn.Module, tuple]
     if name not in available:
         raise KilnInputError(f"torchvision has no model {name!r}",
                              f"pick one of: {', '.join(sorted(available)[:12])}, ...")
-    model = torchvision.models.get_model(name, weights=None)
+    try:
+        model = torchvision.models.get_model(name, weights=None)
+    except Exception as err:
+        raise KilnInputError(f"building torchvision:{name} raised {type(err).__name__}: {err}",
+                             "pick another torchvision model, or check torchvision's version "
+                             "against torch's") from err
     size = shape.image_size
     return model, (torch.randn(shape.batch, 3, size, size),)
 
@@ -146,17 +151,25 @@ def _from_huggingface(text: str, shape: BuiltinShape) -> tuple[nn.Module, tuple]
         raise KilnInputError(f"hf:{text} needs transformers, which does not import ({err})",
                              "pip install 'kiln[hf]'") from err
     model_type, _, query = text.partition("?")
+    if model_type not in transformers.CONFIG_MAPPING:
+        raise KilnInputError(f"transformers has no model type {model_type!r}",
+                             "use a model_type such as gpt2, bert, llama, vit")
     overrides = {key: _literal(value) for key, value in parse_qsl(query)}
     try:
         config = transformers.AutoConfig.for_model(model_type, **overrides)
-    except ValueError as err:
-        raise KilnInputError(f"transformers has no model type {model_type!r}",
-                             "use a model_type such as gpt2, bert, llama, vit") from err
-    if hasattr(config, "use_cache"):
-        config.use_cache = False
-    mapping = transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING
-    auto = transformers.AutoModelForCausalLM if type(config) in mapping else transformers.AutoModel
-    model = auto.from_config(config)
+        if hasattr(config, "use_cache"):
+            config.use_cache = False
+        mapping = transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING
+        auto = (transformers.AutoModelForCausalLM if type(config) in mapping
+                else transformers.AutoModel)
+        model = auto.from_config(config)
+    except Exception as err:
+        given = ", ".join(f"{key}={value}" for key, value in overrides.items()) or "defaults"
+        raise KilnInputError(
+            f"building hf:{model_type} from its config ({given}) raised "
+            f"{type(err).__name__}: {err}",
+            "change the key=value overrides in the spec so that the config holds together"
+            ) from err
     if model.main_input_name == "input_ids":
         ids = torch.randint(0, config.vocab_size, (shape.batch, shape.seq_len))
         return model, (ids,)

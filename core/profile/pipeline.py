@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from core.profile.in_situ import ProfileConfig, profile_model
+from core.profile.in_situ import ProfileConfig, profile_model, steady_threads
 from core.profile.load import BuiltinShape, LoadedModel, check_runs, load_model, resolve_device
 from core.profile.progress import Progress
 from core.profile.roofline import GpuPeaks
@@ -41,8 +41,13 @@ class ProfiledModel:
 
 def profile_sites(config: ListSitesConfig) -> ProfiledModel:
     """Load, capture, cut into sites, profile and write the site problems."""
-    progress = Progress(enabled=not config.quiet)
     device = resolve_device(config.device)
+    with steady_threads(device):
+        return _profile_sites(config, device)
+
+
+def _profile_sites(config: ListSitesConfig, device: torch.device) -> ProfiledModel:
+    progress = Progress(enabled=not config.quiet)
     progress.step(f"loading {config.model}")
     loaded = load_model(config.model, device, config.dtype, config.seed, config.shape)
     check_runs(loaded, config.dtype)

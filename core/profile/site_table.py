@@ -45,6 +45,7 @@ def site_report(model: str, dtype: str, device: str, profile: Profile, table: Si
         "latency_ms": profile.latency.median_ms,
         "captured_ms": captured,
         "instrumented_ms": profile.instrumented_ms,
+        "mark_ms": profile.mark_ms,
         "kept_ms": profile.kept_ms,
         "outside_ms": profile.outside_ms,
         "accounted_ms": profile.accounted_ms,

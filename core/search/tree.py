@@ -1,13 +1,15 @@
 """Tree search over candidate kernels for one site: UCT with progressive widening.
 
-The root is the PyTorch reference at the site's baseline latency. Expanding a node asks the
+The root is the PyTorch reference at the site's baseline latency (revised, and every reward
+with it, as more measurements of the reference come in: `rebase`). Expanding a node asks the
 generator for children of that node's kernel (for the root: drafts); every child is
-evaluated, and its reward (speedup against the baseline on a log scale, zero if rejected)
-is backed up to the root as a maximum: a subtree is worth its best kernel, since one great
-kernel is all a site needs. A node may hold about `widening * visits ** 0.5` children, so
-promising nodes get more. A rejected kernel takes no children, except that a generator able to
-repair it (`repairable`) gets one repair child, ahead of the next batch's expansions; a
-subtree below a rejected kernel is searched once a repair in it was accepted. Expansions are
+evaluated, and its reward (speedup against the baseline on a log scale, zero if it failed a
+check) is backed up to the root as a maximum: a subtree is worth its best kernel, since one
+great kernel is all a site needs. A node may hold about `widening * visits ** 0.5` children, so
+promising nodes get more. A kernel that failed a check takes no children, except that a
+generator able to repair it (`repairable`) gets one repair child, ahead of the next batch's
+expansions; a subtree below such a kernel is searched once a repair in it came out correct; a
+correct kernel slower than the baseline is a parent like any other. Expansions are
 taken in batches, so the evaluator's workers compile one batch while the GPU times another.
 
 The search is deterministic given the generator, the evaluator and the seed: ties are broken
@@ -58,14 +60,15 @@ class Node:
 
     @property
     def latency_ms(self) -> float | None:
-        if self.feedback is None or not self.feedback.accepted:
+        if self.feedback is None or not self.feedback.correct:
             return None
         return self.feedback.latency_ms
 
 
 def reward(feedback: Feedback, baseline_ms: float) -> float:
-    """0 for a rejected kernel; 0.5 at the baseline; +0.25 per doubling of speed, in [0, 1]."""
-    if not feedback.accepted or not feedback.latency_ms:
+    """0 for a kernel that failed a check; 0.5 at the baseline; +0.25 per doubling of speed,
+    in [0, 1]: a correct kernel slower than the baseline still earns a little, as a parent."""
+    if not feedback.correct or not feedback.latency_ms:
         return 0.0
     speedup = baseline_ms / feedback.latency_ms
     return min(1.0, max(0.0, 0.5 + math.log2(speedup) / 4))
@@ -112,7 +115,7 @@ class SiteSearch:
         return max(1, math.ceil(self.config.widening * max(node.visits, 1) ** 0.5))
 
     def _can_grow(self, node: Node) -> bool:
-        """A node takes children if it is the root or an accepted kernel with more to come."""
+        """A node takes children if it is the root or a correct kernel with more to come."""
         return not node.exhausted and (node.proposal is None or node.latency_ms is not None)
 
     def _uct(self, child: Node, parent: Node) -> float:
@@ -192,9 +195,17 @@ class SiteSearch:
         if self._attach(child):
             self.since_best = 0
         self.record(child)
-        if self.repairable is not None and not feedback.accepted \
+        if self.repairable is not None and not feedback.correct \
                 and self.repairable(proposal, feedback):
             self.repairs.append(child)
+
+    def rebase(self, baseline_ms: float) -> None:
+        """Measure every kernel against a revised baseline: each node's reward depends on it,
+        and so does the best reward its subtree backs up."""
+        self.baseline_ms = baseline_ms
+        for node in reversed(self.nodes()):  # every node after its descendants
+            own = reward(node.feedback, baseline_ms) if node.feedback is not None else 0.0
+            node.value = max([own, *(child.value for child in node.children)])
 
     def adopt(self, parent: Node, proposal: Proposal, feedback: Feedback,
               candidate_id: int) -> Node:

@@ -1,0 +1,72 @@
+"""One searched site during a run: its tree, its verdicts, and the PyTorch time to beat."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from core.evaluate import Verdict
+from core.optimize.e2e import SiteGain
+from core.profile.sites import Site
+from core.runtime.guarded import SiteKernel
+from core.search.tree import SiteSearch
+from generators.base import Feedback
+
+
+@dataclass(eq=False)
+class SiteRun:
+    site: Site
+    site_id: int
+    search: SiteSearch
+    tiers: tuple[str, ...]
+    verdicts: dict[int, Verdict] = field(default_factory=dict)  # by id() of the proposal
+    stored: dict[int, Verdict] = field(default_factory=dict)  # by candidate id
+    profiled: set[int] = field(default_factory=set)  # candidate ids with counters
+    eager_samples: list[float] = field(default_factory=list)  # the site's eager times, ms
+    compile_ms: float | None = None
+
+    @property
+    def eager_ms(self) -> float | None:
+        """The low median of the site's eager times: noise only ever adds time, so of the
+        two middle ones the lower, and one slow measurement cannot set it."""
+        return statistics.median_low(self.eager_samples) if self.eager_samples else None
+
+    def note_baseline(self, eager_ms: float | None, compile_ms: float | None = None) -> None:
+        """One more measurement of the site's PyTorch times; kernels are measured against the
+        faster of eager and compiled.
+
+        The site's own timing (`core.evaluate.site_baseline`) and every verdict, which times
+        the site beside its kernel, each add an eager time, and the search's baseline is
+        revised with each: the first alone (a cold worker's, say) can be many times the
+        site's real time, and every speedup measured against it as inflated.
+        """
+        if compile_ms is not None:
+            self.compile_ms = compile_ms
+        if eager_ms:
+            self.eager_samples.append(eager_ms)
+        times = [t for t in (self.eager_ms, self.compile_ms) if t]
+        if times and min(times) != self.search.baseline_ms:
+            self.search.rebase(min(times))
+
+    @property
+    def winner(self) -> SiteGain | None:
+        """The site's best kernel, if it beats the site's baseline."""
+        best = self.search.best
+        if best is None or best.latency_ms >= self.search.baseline_ms or not self.eager_ms:
+            return None
+        kernel = SiteKernel(self.site.key, best.proposal.source, self.site.problem.source)
+        return SiteGain(kernel, self.site.time_ms, self.eager_ms / best.latency_ms)
+
+    @property
+    def headroom(self) -> float:
+        """How far above its floor the site's best is, in (0, 1]."""
+        floor = self.site.cost.floor_ms
+        best = self.search.best_ms
+        return max(0.0, 1.0 - floor / best) if best > 0 else 0.0
+
+
+def feedback_of(verdict: Verdict, floor_ms: float, diagnosis: bool = True) -> Feedback:
+    return Feedback(correct=verdict.correct, reason=verdict.reason,
+                    latency_ms=verdict.latency_ms, baseline_ms=verdict.baseline_ms,
+                    floor_ms=floor_ms, compile_log=verdict.compile_log,
+                    diagnosis=verdict.diagnosis if diagnosis else "")

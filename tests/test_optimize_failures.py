@@ -1,0 +1,81 @@
+"""A run-level step that fails (the end-to-end check out of memory, a site's baseline) ends
+the run as failed, with no traceback: the store, report.md and the JSON are still written,
+and one message says what was kept."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from core.optimize import run as run_module
+from core.optimize.config import OptimizeConfig
+from core.optimize.run import OptimizeRun
+from core.profile.in_situ import ProfileConfig
+from core.profile.pipeline import ListSitesConfig
+from core.profile.progress import Progress
+from store import open_reader
+from tests.test_list_sites_cli import ROOT
+
+OUT_OF_MEMORY_IN_E2E = """
+import torch
+import core.optimize.e2e
+
+def out_of_memory(*args, **kwargs):
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+core.optimize.e2e.time_model = out_of_memory
+from core.optimize.cli import main
+from core.runtime.errors import exit_on_input_error
+
+exit_on_input_error(lambda: main(sys.argv[1:]))
+"""
+
+
+def test_out_of_memory_in_the_end_to_end_check_keeps_the_run(tmp_path):
+    db = tmp_path / "kiln.db"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-c", "import sys\n" + OUT_OF_MEMORY_IN_E2E, "tests.models:make_mlp",
+         "--device", "cpu", "--json", "--db", str(db), "--max-candidates", "2", "--sites", "1",
+         "--workers", "1", "--trials", "2", "--warmup", "0", "--no-site-compile",
+         "--out", str(tmp_path / "out")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    message = result.stderr.splitlines()[-1]
+    assert message.startswith("kiln: run 1 failed while checking the model end to end: "
+                              "OutOfMemoryError: CUDA out of memory")
+    assert f"kept: 2 judged kernel(s) in {db}" in message
+    report = json.loads(result.stdout)
+    assert report["status"] == "failed" and report["searched"][0]["evaluations"] == 2
+    assert report["e2e"] == {"error": "OutOfMemoryError: CUDA out of memory. Tried to "
+                                      "allocate 2.00 GiB"}
+    text = Path(report["report_md"]).read_text()
+    assert "Not done: OutOfMemoryError" in text and "**The run failed** while checking" in text
+    with open_reader(db) as reader:
+        run = reader.run(1)
+        assert (run.status, run.e2e) == ("failed", report["e2e"])
+        assert len(reader.candidates(run_id=1)) == 2
+
+
+def test_a_baseline_that_fails_fails_the_run_with_its_report(tmp_path, monkeypatch):
+    def broken(problem: Path, config: object) -> None:
+        raise torch.OutOfMemoryError("CUDA out of memory while compiling the site")
+
+    monkeypatch.setattr(run_module, "time_site", broken)
+    profile = ListSitesConfig(model="tests.models:make_mlp", device="cpu",
+                              out=tmp_path / "out", profile=ProfileConfig(0, 2), quiet=True)
+    config = OptimizeConfig(profile=profile, db=tmp_path / "kiln.db", max_candidates=2,
+                            sites=1, tiers=("triton",))
+    report = OptimizeRun(config, Progress(enabled=False)).execute()
+    assert report["status"] == "failed"
+    assert report["failure"] == ("while timing the sites' baselines: OutOfMemoryError: CUDA "
+                                 "out of memory while compiling the site")
+    assert report["e2e"] is None and report["searched"][0]["evaluations"] == 0
+    with open_reader(config.db) as reader:
+        assert reader.run(1).status == "failed"
