@@ -11,8 +11,10 @@ from store import VERDICTS
 # would refuse to draw a big one.
 alt.data_transformers.disable_max_rows()
 
+# Only "accepted" (correct and faster) is green; "correct, slower" is amber, not a success.
 VERDICT_COLORS = alt.Scale(
-    domain=list(VERDICTS), range=["#2e7d32", "#f9a825", "#c62828", "#6a1b9a", "#9e9e9e"]
+    domain=list(VERDICTS),
+    range=["#2e7d32", "#f9a825", "#ef6c00", "#c62828", "#6a1b9a", "#9e9e9e"],
 )
 TIER_SHAPES = alt.Scale(domain=["triton", "cuda"], range=["circle", "diamond"])
 
@@ -63,6 +65,38 @@ def amdahl_chart(parts: pd.DataFrame) -> alt.Chart:
             color=alt.Color("part:N", title="site", sort=alt.SortField("order")),
             order=alt.Order("order:Q"),
             tooltip=["phase", "part", alt.Tooltip("ms:Q", format=".4g"), "note"],
+        )
+    )
+
+
+def phase_chart(phases: pd.DataFrame) -> alt.Chart:
+    """One candidate's judging: seconds per phase (`phase`, `seconds`), in the order they ran."""
+    return (
+        alt.Chart(phases, title="Seconds in each phase of judging")
+        .mark_bar()
+        .encode(
+            y=alt.Y("phase:N", title="", sort=list(phases["phase"])),
+            x=alt.X("seconds:Q", title="s"),
+            tooltip=["phase", alt.Tooltip("seconds:Q", format=".3g")],
+        )
+        .properties(height=alt.Step(22))
+    )
+
+
+def judging_chart(judging: pd.DataFrame, phases: list[str]) -> alt.Chart:
+    """Per site: the median seconds a candidate spent in each of `phases` (in the order they run),
+    stacked, with the candidates judged and judged per worker-minute."""
+    return (
+        alt.Chart(judging, title="Median seconds per candidate, by phase of judging")
+        .mark_bar()
+        .encode(
+            y=alt.Y("label:N", title="", sort=list(dict.fromkeys(judging["label"]))),
+            x=alt.X("seconds:Q", title="median s per candidate", stack="zero"),
+            color=alt.Color("phase:N", sort=phases),
+            order=alt.Order("order:Q"),
+            tooltip=["site", "phase", alt.Tooltip("seconds:Q", format=".3g"), "judged",
+                     alt.Tooltip("per_minute:Q", title="judged per worker-minute",
+                                 format=".3g")],
         )
     )
 

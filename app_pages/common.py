@@ -18,7 +18,7 @@ from pathlib import Path
 import streamlit as st
 
 from core.runtime.errors import KilnInputError
-from store import StoreReader, StoreVersion, open_reader
+from store import CPU_TIMINGS, StoreReader, StoreVersion, open_reader
 
 DEFAULT_DB = Path("kiln.db")
 # A running search stores a candidate every few seconds at most (an evaluation compiles, checks
@@ -98,14 +98,17 @@ def kernel_url(candidate_id: int) -> str:
     return f"kernel?id={candidate_id}"
 
 
-def verdict_label(compiled: bool | None, correct: bool | None, accepted: bool | None) -> str:
-    if accepted is None:
-        return "pending"
-    if accepted:
-        return "accepted"
-    if not compiled:
-        return "compile failed"
-    return "rejected" if correct else "incorrect"
+def timed_on(label: str, cpu_timings: bool) -> str:
+    """A speedup's label, saying so when the run's timings are the CPU's."""
+    return f"{label} ({CPU_TIMINGS})" if cpu_timings else label
+
+
+def seconds(value: float | None) -> str:
+    return "–" if value is None else f"{value:.3g} s"
+
+
+def mebibytes(value: int | None) -> str:
+    return "–" if value is None else f"{value / 2**20:,.1f} MiB"
 
 
 def ms(value: float | None) -> str:

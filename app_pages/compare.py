@@ -3,9 +3,9 @@
 import streamlit as st
 
 from app_pages import queries
-from app_pages.common import ms, open_store, percent, query_int, times, verdict_label
+from app_pages.common import ms, open_store, percent, query_int, timed_on, times
 from core.runtime.errors import KilnInputError
-from store import Candidate
+from store import Candidate, cpu_timings
 
 st.title("Compare two kernels")
 store = open_store()
@@ -20,16 +20,21 @@ except KilnInputError as err:
     st.stop()
 
 
+gpus = {run.id: run.gpu for run in queries.runs(store.path, store.version)}
+
+
 def describe(column, kernel: Candidate) -> None:
     s = kernel.summary
     column.subheader(f"[Kernel {kernel.id}](kernel?id={kernel.id})")
     column.caption(f"{s.tier} · {s.generator} · site `{s.site_key}` · run {s.run_id}")
-    column.markdown(f"**{verdict_label(s.compiled, s.correct, s.accepted)}**: {s.rationale}")
+    column.markdown(f"**{s.verdict_label}**")
+    # A generator's rationale and a verdict's reason, as plain text: never Markdown or HTML.
+    column.text(s.rationale)
     if s.reason:
-        column.caption(s.reason)
+        column.text(s.reason)
     metrics = column.columns(3)
     metrics[0].metric("latency", ms(s.latency_ms))
-    metrics[1].metric("speedup", times(s.speedup))
+    metrics[1].metric(timed_on("speedup", cpu_timings(gpus[s.run_id])), times(s.speedup))
     metrics[2].metric("roofline", percent(s.roofline_fraction))
     column.code(kernel.source, language="python", line_numbers=True)
 

@@ -1,23 +1,35 @@
-"""Kernel: one candidate's source, verdict, errors, timings, lineage and diffs."""
+"""Kernel: one candidate's source, verdict, errors, timings, where its judging time went, lineage
+and diffs."""
 
+import pandas as pd
 import streamlit as st
 
 from app_pages import queries
+from app_pages.charts import phase_chart
 from app_pages.common import (
     PAGE_KERNEL,
     PAGE_TREE,
+    mebibytes,
     ms,
     open_store,
     percent,
     query_int,
+    seconds,
+    timed_on,
     times,
-    verdict_label,
 )
 from core.evaluate.counters import CounterReport
 from core.runtime.errors import KilnInputError
+from store import CPU_TIMINGS, ordered_phases
+from store.labels import ACCEPTED, COMPILE_FAILED, INCORRECT, PENDING, REJECTED, SLOWER
 
 # Links shown each way along the lineage; a long refinement chain is summarised past them.
 LINEAGE_SHOWN = 12
+NOT_ACCEPTED = {
+    REJECTED: "Rejected: correct, but not accepted",
+    INCORRECT: "Incorrect: not correct on every trial",
+    COMPILE_FAILED: "Compile failed: it did not build or load",
+}
 
 store = open_store()
 ident = st.number_input("Kernel id", min_value=1, step=1, value=query_int("id") or 1)
@@ -29,20 +41,30 @@ except KilnInputError as err:
     st.stop()
 summary, verdict = kernel.summary, kernel.verdict or {}
 site = {s.id: s for s in queries.sites(store.path, store.version, summary.run_id)}[summary.site_id]
-label = verdict_label(summary.compiled, summary.correct, summary.accepted)
+run = {r.id: r for r in queries.runs(store.path, store.version)}[summary.run_id]
+label = summary.verdict_label
 
 st.title(f"Kernel {kernel.id}: {label}")
 st.caption(
     f"{summary.tier} · {summary.generator} · site `{summary.site_key}` ({summary.family},"
     f" {site.share * 100:.1f}% of model time) · run {summary.run_id} · {summary.created_at[:19]}"
 )
-st.markdown(f"**Rationale:** {summary.rationale}")
-if summary.accepted:
-    st.success("Accepted: correct on every trial and timed.")
-elif summary.accepted is None:
+# Rationales, reasons and logs come from a generator or a kernel's own output: shown as plain
+# text, so an image or a link in them makes the browser fetch nothing.
+st.text(f"Rationale: {summary.rationale}")
+speed = "" if summary.speedup is None else (
+    f": {times(summary.speedup)} the PyTorch reference's speed"
+    + (f" ({CPU_TIMINGS})" if run.cpu_timings else ""))
+if label == ACCEPTED:
+    st.success(f"Accepted: correct on every trial, and faster{speed}.")
+elif label == SLOWER:
+    st.warning(f"Correct, slower: correct on every trial, but not faster{speed}.")
+elif label == PENDING:
     st.info("No verdict yet: the evaluator has not finished with this kernel.")
 else:
-    st.error(f"Rejected ({verdict.get('reason_code') or 'no code'}): {summary.reason}")
+    st.error(f"{NOT_ACCEPTED[label]}.")
+if label in NOT_ACCEPTED or (label == SLOWER and summary.reason):
+    st.text(f"{verdict.get('reason_code') or 'no code'}: {summary.reason or 'no reason given'}")
 if verdict.get("compile_log"):
     with st.expander("Compile and run log", expanded=not summary.compiled):
         st.code(verdict["compile_log"], language="text")
@@ -52,14 +74,16 @@ with timing:
     st.subheader("Timing")
     st.caption(
         f"{verdict.get('timing_trials') or 0} trials on {verdict.get('timing_device') or '–'}"
+        + (f": {CPU_TIMINGS}" if run.cpu_timings else "")
     )
     row = st.columns(3)
     row[0].metric("median", ms(verdict.get("latency_ms")))
     row[1].metric("baseline", ms(verdict.get("baseline_ms")))
-    row[2].metric("speedup", times(summary.speedup))
+    row[2].metric(timed_on("speedup", run.cpu_timings), times(summary.speedup))
     row = st.columns(3)
-    row[0].metric("vs eager", times(summary.speedup_vs_eager))
-    row[1].metric("vs torch.compile", times(summary.speedup_vs_compile))
+    row[0].metric(timed_on("vs eager", run.cpu_timings), times(summary.speedup_vs_eager))
+    row[1].metric(timed_on("vs torch.compile", run.cpu_timings),
+                  times(summary.speedup_vs_compile))
     row[2].metric("roofline", percent(summary.roofline_fraction))
     st.table(
         {
@@ -69,6 +93,16 @@ with timing:
             "stdev": [ms(verdict.get("latency_stdev_ms"))],
         }
     )
+    phases = verdict.get("phase_seconds") or {}
+    if verdict:
+        st.caption(f"Judged in {seconds(verdict.get('eval_seconds'))}"
+                   + ("" if phases else "; this verdict does not say where that time went"))
+    if phases:
+        order = ordered_phases(phases)
+        st.altair_chart(phase_chart(pd.DataFrame(
+            {"phase": order, "seconds": [phases[p] for p in order]})), width="stretch")
+    if verdict.get("peak_memory_bytes") is not None:
+        st.metric("peak device memory", mebibytes(verdict["peak_memory_bytes"]))
 with checks:
     st.subheader("Correctness")
     st.table(
@@ -88,7 +122,7 @@ with checks:
     )  # fmt: skip
 
 st.subheader("Why it is slow")
-st.markdown(f"**Diagnosis:** {verdict.get('diagnosis') or 'none: nothing the rules could tell'}")
+st.text(f"Diagnosis: {verdict.get('diagnosis') or 'none: nothing the rules could tell'}")
 report = verdict.get("kernel_report") or {}
 if report.get("kernels"):
     st.table({name: [kernel.get(key) for kernel in report["kernels"]] for name, key in (

@@ -6,7 +6,7 @@ import streamlit as st
 from app_pages import queries
 from app_pages.charts import runs_chart
 from app_pages.common import live, open_store
-from store import Run
+from store import CPU_TIMINGS, Run
 
 st.title("Kiln runs")
 opened = open_store()
@@ -14,8 +14,10 @@ st.caption(f"Store: `{opened.path}`")
 
 
 def _speedup(run: Run, against: str) -> float | None:
-    e2e = run.e2e or {}
-    return e2e.get(f"speedup_vs_{against}")
+    """The run's end-to-end speedup; none for a CPU run, whose timings are not a headline."""
+    if run.cpu_timings:
+        return None
+    return (run.e2e or {}).get(f"speedup_vs_{against}")
 
 
 def runs_table(runs: list[Run]) -> pd.DataFrame:
@@ -33,6 +35,7 @@ def runs_table(runs: list[Run]) -> pd.DataFrame:
                 "accepted": run.accepted,
                 "vs eager": _speedup(run, "eager"),
                 "vs torch.compile": _speedup(run, "compile"),
+                "timings": CPU_TIMINGS if run.cpu_timings else "GPU",
             }
             for run in runs
         ]
@@ -65,6 +68,11 @@ def render() -> None:
             "vs torch.compile": st.column_config.NumberColumn(format="%.3fx"),
         },
     )
+    if any(run.cpu_timings for run in runs):
+        st.caption(
+            f"Runs on the CPU show no speedup here ({CPU_TIMINGS}: the Triton interpreter"
+            " against PyTorch on the CPU says nothing of a GPU); their Run page has them."
+        )
     st.altair_chart(runs_chart(table), width="stretch")
 
 

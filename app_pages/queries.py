@@ -10,10 +10,11 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from app_pages.common import kernel_url, reader_for, verdict_label
+from app_pages.common import kernel_url, reader_for
 from store import (
     Candidate,
     Diff,
+    Judging,
     Run,
     SearchFilters,
     Site,
@@ -79,9 +80,7 @@ def diff_pair(path: str, version: StoreVersion, base_id: int, candidate_id: int)
 def _frame(rows: list[dict]) -> pd.DataFrame:
     frame = pd.DataFrame(rows)
     if not frame.empty:
-        frame["verdict"] = [
-            verdict_label(row["compiled"], row["correct"], row["accepted"]) for row in rows
-        ]
+        frame["verdict"] = [row["verdict_label"] for row in rows]
         frame["kernel"] = [kernel_url(row["id"]) for row in rows]
     return frame
 
@@ -96,6 +95,11 @@ def site_candidates(path: str, version: StoreVersion, site_id: int) -> pd.DataFr
 def best(path: str, version: StoreVersion, run_id: int) -> dict[int, dict]:
     """The fastest accepted candidate of each site of a run, by site id."""
     return {c.site_id: c.to_dict() for c in reader_for(path).best(run_id)}
+
+
+@_cache
+def judging(path: str, version: StoreVersion, run_id: int) -> list[Judging]:
+    return reader_for(path).judging(run_id)
 
 
 @_cache

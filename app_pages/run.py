@@ -1,12 +1,16 @@
-"""Run: where one run's model time goes, site by site, and what the kernels did to it."""
+"""Run: where one run's model time goes, site by site, what the kernels did to it, and where the
+time of judging its candidates went."""
+
+import statistics
+from datetime import datetime
 
 import pandas as pd
 import streamlit as st
 
 from app_pages import queries
-from app_pages.charts import amdahl_chart
-from app_pages.common import kernel_url, live, ms, open_store, query_int, times
-from store import Run, Site
+from app_pages.charts import amdahl_chart, judging_chart
+from app_pages.common import kernel_url, live, ms, open_store, query_int, timed_on, times
+from store import CPU_TIMINGS, Judging, Run, Site, ordered_phases
 
 opened = open_store()
 runs = {run.id: run for run in queries.runs(opened.path, opened.version)}
@@ -82,6 +86,47 @@ def amdahl_parts(total: float, sites: list[Site], best: dict[int, dict]) -> pd.D
     return pd.DataFrame(parts)
 
 
+def judging_rows(judged: list[Judging], sites: list[Site]) -> tuple[pd.DataFrame, list[str]]:
+    """Per site and phase: the median seconds a candidate spent in the phase (0 where it never
+    got there), with the site's candidates judged and judged per minute of one worker's time.
+    Gives the rows and the phases, in the order they run."""
+    phases = ordered_phases({phase for j in judged for phase in j.phase_seconds})
+    rows = []
+    for site in sites:
+        mine = [j for j in judged if j.site_id == site.id]
+        timed = [j for j in mine if j.phase_seconds]
+        if not timed:
+            continue
+        busy = sum(j.eval_seconds or 0.0 for j in mine)
+        per_minute = 60 * len(mine) / busy if busy else None
+        label = f"{site.key} · {len(mine)} judged" + (
+            f" · {per_minute:.3g}/min" if per_minute else "")
+        rows += [{"site": site.key, "label": label, "phase": phase, "order": order,
+                  "seconds": statistics.median(j.phase_seconds.get(phase, 0.0) for j in timed),
+                  "judged": len(mine), "per_minute": per_minute}
+                 for order, phase in enumerate(phases)]
+    return pd.DataFrame(rows), phases
+
+
+def show_judging(judged: list[Judging], sites: list[Site]) -> None:
+    st.subheader("Where the search's time went")
+    if not judged:
+        st.info("No candidate of this run has been judged yet.")
+        return
+    rows, phases = judging_rows(judged, sites)
+    if rows.empty:
+        st.info("No verdict of this run says where its judging time went (an older Kiln).")
+        return
+    span = datetime.fromisoformat(max(j.judged_at for j in judged)) - datetime.fromisoformat(
+        min(j.proposed_at for j in judged))
+    minutes = span.total_seconds() / 60
+    st.caption(
+        f"{len(judged)} candidates judged in {minutes:.1f} min of wall clock"
+        + (f" ({len(judged) / minutes:.3g} per minute)" if minutes > 0 else "")
+        + ". Per site: candidates judged and judged per minute of one evaluator worker's time.")
+    st.altair_chart(judging_chart(rows, phases), width="stretch")
+
+
 def render() -> None:
     store = open_store()
     run = {r.id: r for r in queries.runs(store.path, store.version)}[run_id]
@@ -92,13 +137,16 @@ def render() -> None:
         f"{run.gpu} · started {run.started_at[:19]} · status **{run.status}**"
         + (" (refreshing)" if run.status == "running" else "")
     )
-    e2e = run.e2e or {}
+    e2e, cpu = run.e2e or {}, run.cpu_timings
+    if cpu:
+        st.warning(f"{CPU_TIMINGS}: this run ran on the CPU, its Triton kernels under the"
+                   " interpreter; its times and speedups say nothing of a GPU's.")
     columns = st.columns(5)
     columns[0].metric("sites", run.sites)
     columns[1].metric("candidates", run.candidates)
     columns[2].metric("accepted", run.accepted)
-    columns[3].metric("end to end vs eager", times(e2e.get("speedup_vs_eager")))
-    columns[4].metric("vs torch.compile", times(e2e.get("speedup_vs_compile")))
+    columns[3].metric(timed_on("end to end vs eager", cpu), times(e2e.get("speedup_vs_eager")))
+    columns[4].metric(timed_on("vs torch.compile", cpu), times(e2e.get("speedup_vs_compile")))
     if not sites:
         st.info("This run has not profiled its sites yet.")
         return
@@ -108,12 +156,13 @@ def render() -> None:
         hide_index=True,
         column_config={
             "share": st.column_config.NumberColumn("share %", format="%.1f"),
-            "speedup": st.column_config.NumberColumn(format="%.3fx"),
+            "speedup": st.column_config.NumberColumn(timed_on("speedup", cpu), format="%.3fx"),
             "roofline": st.column_config.NumberColumn("roofline %", format="%.1f"),
             "best kernel": st.column_config.LinkColumn(display_text=r"id=(\d+)"),
             "tree": st.column_config.LinkColumn(display_text="search tree"),
         },
     )
+    show_judging(queries.judging(store.path, store.version, run_id), sites)
     total = model_ms(run, sites)
     if total is None:
         st.info("No site has a measured time yet, so there is no time budget to chart.")
@@ -124,7 +173,7 @@ def render() -> None:
     st.caption(
         f"Model time {ms(total)} per forward; with each site's fastest accepted kernel in place"
         f" where it beats the site: {ms(after)} ({times(total / after if after else None)},"
-        " Amdahl's estimate from the per-site times)."
+        " Amdahl's estimate from the per-site times)." + (f" {CPU_TIMINGS}." if cpu else "")
     )
     st.altair_chart(amdahl_chart(parts), width="stretch")
 

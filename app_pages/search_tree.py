@@ -6,6 +6,7 @@ import streamlit as st
 from app_pages import queries
 from app_pages.charts import progress_chart, tree_chart, tree_layout
 from app_pages.common import PAGE_KERNEL, live, ms, open_store, query_int
+from store.labels import ACCEPTED
 
 opened = open_store()
 runs = {run.id: run for run in queries.runs(opened.path, opened.version)}
@@ -35,8 +36,8 @@ st.query_params.update({"run": str(run_id), "site": str(site_id)})
 
 def tried_in_order(candidates: pd.DataFrame) -> pd.DataFrame:
     """The candidates with their place in the search and the best accepted latency so far."""
-    accepted = candidates["latency_ms"].where(candidates["accepted"].fillna(False).astype(bool))
-    best_so_far = accepted.cummin().ffill()  # a rejected kernel keeps the best before it
+    accepted = candidates["latency_ms"].where(candidates["verdict"] == ACCEPTED)
+    best_so_far = accepted.cummin().ffill()  # any other kernel keeps the best before it
     return candidates.assign(order=range(1, len(candidates) + 1), best_so_far=best_so_far)
 
 
@@ -52,7 +53,7 @@ def render() -> None:
     tried = tried_in_order(candidates)
     best = tried["best_so_far"].dropna()
     st.caption(
-        f"{len(tried)} candidates, {int(tried['accepted'].fillna(False).sum())} accepted;"
+        f"{len(tried)} candidates, {int((tried['verdict'] == ACCEPTED).sum())} accepted;"
         f" best {ms(best.iloc[-1] if not best.empty else None)}."
         " Click a point to open its kernel."
     )

@@ -18,7 +18,7 @@ from typing import Protocol, runtime_checkable
 class Feedback:
     """What the evaluator (and later the profiler) said about a candidate."""
 
-    accepted: bool
+    correct: bool  # passed every check; whether it is also faster is in its speedup
     reason: str = ""
     latency_ms: float | None = None
     baseline_ms: float | None = None

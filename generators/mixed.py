@@ -42,7 +42,7 @@ class MixedGenerator:
 
     def propose(self, problem: Path, parent: Parent | None, n: int,
                 tiers: tuple[str, ...] = ("triton",)) -> Proposals:
-        if parent is not None and parent.feedback is not None and not parent.feedback.accepted:
+        if parent is not None and parent.feedback is not None and not parent.feedback.correct:
             writer = self._writer(parent.proposal)
             if writer is None:
                 return Proposals([], declined=f"no generator named {parent.proposal.generator}")

@@ -9,11 +9,14 @@ from pathlib import Path
 
 from store.diffs import Diff, diff_candidates, diff_to_best, diff_to_parent, unified_diff
 from store.export import EXPORT_FORMATS, export, export_csv, export_json, export_kernelbench
+from store.labels import CPU_TIMINGS, VERDICTS, cpu_timings, verdict_label
 from store.migrations import FAMILIES, RUN_STATUSES, TIERS
 from store.reader import StoreReader
 from store.records import (
+    PHASES,
     Candidate,
     CandidateSummary,
+    Judging,
     LlmCall,
     NewCandidate,
     Run,
@@ -21,8 +24,9 @@ from store.records import (
     RunState,
     Site,
     StoreVersion,
+    ordered_phases,
 )
-from store.search import VERDICTS, SearchFilters
+from store.search import SearchFilters
 from store.writer import Store, source_hash
 
 
@@ -33,14 +37,17 @@ def open_reader(path: str | Path, *, brief: bool = False) -> StoreReader:
 
 
 __all__ = [
+    "CPU_TIMINGS",
     "EXPORT_FORMATS",
     "FAMILIES",
+    "PHASES",
     "RUN_STATUSES",
     "TIERS",
     "VERDICTS",
     "Candidate",
     "CandidateSummary",
     "Diff",
+    "Judging",
     "LlmCall",
     "NewCandidate",
     "Run",
@@ -51,6 +58,7 @@ __all__ = [
     "Store",
     "StoreReader",
     "StoreVersion",
+    "cpu_timings",
     "diff_candidates",
     "diff_to_best",
     "diff_to_parent",
@@ -59,6 +67,8 @@ __all__ = [
     "export_json",
     "export_kernelbench",
     "open_reader",
+    "ordered_phases",
     "source_hash",
     "unified_diff",
+    "verdict_label",
 ]

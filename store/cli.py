@@ -15,6 +15,7 @@ from typing import Any
 
 from store.diffs import diff_candidates, diff_to_best, diff_to_parent
 from store.export import EXPORT_FORMATS, export
+from store.labels import CPU_TIMINGS
 from store.migrations import MIGRATION_NAMES
 from store.reader import StoreReader
 from store.writer import Store
@@ -23,15 +24,20 @@ DEFAULT_DB = "kiln.db"
 # Rationales and snippets are cut to this many characters in tables, to keep one row a line.
 TEXT_WIDTH = 60
 
-RUN_COLUMNS = ["id", "model_spec", "gpu", "status", "started_at", "sites", "candidates", "accepted"]
+RUN_COLUMNS = [
+    "id", "model_spec", "gpu", "status", "started_at", "sites", "candidates", "accepted",
+    "timings_note",
+]  # fmt: skip
 CANDIDATE_COLUMNS = [
-    "id", "parent_id", "site_id", "family", "tier", "generator", "accepted", "latency_ms",
+    "id", "parent_id", "site_id", "family", "tier", "generator", "verdict_label", "latency_ms",
     "speedup", "rationale",
 ]  # fmt: skip
 BEST_COLUMNS = [
     "site_key", "id", "tier", "latency_ms", "speedup", "speedup_vs_eager", "speedup_vs_compile",
     "roofline_fraction",
 ]  # fmt: skip
+# Table headings where the JSON key is longer than the column needs.
+HEADINGS = {"verdict_label": "verdict", "timings_note": "timings"}
 
 
 def _cell(value: Any) -> str:
@@ -47,10 +53,11 @@ def _cell(value: Any) -> str:
 
 def _table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
     cells = [[_cell(row[column]) for column in columns] for row in rows]
+    headings = [HEADINGS.get(column, column) for column in columns]
     widths = [
-        max([len(column)] + [len(line[i]) for line in cells]) for i, column in enumerate(columns)
+        max([len(heading)] + [len(line[i]) for line in cells]) for i, heading in enumerate(headings)
     ]
-    lines = [list(columns), *cells]
+    lines = [headings, *cells]
     return "\n".join(
         "  ".join(text.ljust(width) for text, width in zip(line, widths, strict=True)).rstrip()
         for line in lines
@@ -89,8 +96,11 @@ def _search(store: StoreReader, args: argparse.Namespace) -> None:
 def _show(store: StoreReader, args: argparse.Namespace) -> None:
     candidate = store.candidate(args.id)
     data = candidate.to_dict()
-    header = {key: value for key, value in data.items() if key not in ("source", "verdict")}
-    lines = [f"{key}: {_cell(value)}" for key, value in header.items()]
+    # The verdict in one word stands for the flags: a legacy accepted flag may mean slower.
+    left_out = ("source", "verdict", "verdict_label", "accepted")
+    header = {key: value for key, value in data.items() if key not in left_out}
+    lines = [f"verdict: {candidate.summary.verdict_label}"]
+    lines += [f"{key}: {_cell(value)}" for key, value in header.items()]
     if candidate.verdict is not None:
         lines += ["", "verdict:", json.dumps(candidate.verdict, indent=2)]
     lines += ["", "source:", candidate.source]
@@ -112,8 +122,13 @@ def _diff(store: StoreReader, args: argparse.Namespace) -> None:
 
 
 def _best(store: StoreReader, args: argparse.Namespace) -> None:
-    rows = [c.to_dict() for c in store.best(args.run)]
-    _listing(args, rows, BEST_COLUMNS, "no accepted candidate yet")
+    run = store.run(store.latest_run_id() if args.run is None else args.run)
+    note = CPU_TIMINGS if run.cpu_timings else None
+    rows = [{**c.to_dict(), "timings_note": note} for c in store.best(run.id)]
+    text = _table(rows, BEST_COLUMNS) if rows else "no accepted candidate yet"
+    if rows and note:
+        text = f"run {run.id} ran on {run.gpu}: {note}\n{text}"
+    _emit(args, rows, text)
 
 
 def _export(store: StoreReader, args: argparse.Namespace) -> None:

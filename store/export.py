@@ -11,6 +11,7 @@ from typing import Any
 
 from core.runtime.errors import KilnInputError
 from store.reader import StoreReader
+from store.site_names import check_site_keys
 
 EXPORT_FORMATS = ("package", "kernelbench", "json", "csv")
 PROBLEM_FILE = "problem.py"
@@ -49,6 +50,7 @@ def export_kernelbench(store: StoreReader, out: Path, run_id: int | None = None)
             f"run {run} has no accepted candidate to export",
             "let the search accept a kernel first, or pick another run with --run",
         )
+    check_site_keys((winner.site_key for winner in winners), winners[0].run_id)
     _prepare(out)
     written = []
     for winner in winners:

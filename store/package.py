@@ -15,7 +15,10 @@ from pathlib import Path
 
 from core.runtime.errors import KilnInputError
 from core.runtime.guarded import SiteKernel
+from store.labels import CPU_TIMINGS
 from store.reader import StoreReader
+from store.records import Run
+from store.site_names import check_site_keys
 
 PACKAGE = "kiln_kernels"
 FILES = Path(__file__).resolve().parent / "package_files"
@@ -30,10 +33,17 @@ def _vendor(kernel_source: str) -> str:
     return _CUDA_IMPORT.sub(f"from {PACKAGE}._kiln.cuda import ", kernel_source)
 
 
-def _readme(run: object, sites: list[dict[str, object]]) -> str:
+def _cell(value: object) -> str:
+    """`value` as one cell of a Markdown table: a `|` would end the cell, a newline the row."""
+    return " ".join(str(value).splitlines()).replace("|", "\\|")
+
+
+def _readme(run: Run, sites: list[dict[str, object]]) -> str:
     rows = "\n".join(
-        f"| `{s['key']}` | {s['family']} | {s['tier']} | {s['latency_ms']:.4f} | "
-        f"{s['speedup']:.2f}x | {s['signature']} |" for s in sites)
+        f"| `{_cell(s['key'])}` | {_cell(s['family'])} | {_cell(s['tier'])} | "
+        f"{s['latency_ms']:.4f} | {s['speedup']:.2f}x | {_cell(s['signature'])} |" for s in sites)
+    measured = (f"{CPU_TIMINGS}: the Triton interpreter on the CPU, not a GPU's speed"
+                if run.cpu_timings else "measured by the evaluator")
     return f"""# {PACKAGE}
 
 Kernels Kiln found for `{run.model_spec}` (run {run.id}, {run.gpu}), each proven correct
@@ -49,28 +59,34 @@ fast(*inputs)
 A call whose inputs differ from those a kernel was proven on (shape, stride, dtype, device),
 or that needs gradients, runs the site's original PyTorch ops instead.
 
+On a machine where no CUDA device is visible, `import {PACKAGE}` turns on Triton's interpreter
+(sets `TRITON_INTERPRET=1`) so that the Triton kernels run on the CPU; it can do so only before
+Triton is imported, so if Triton was imported first it raises an error saying to set
+`TRITON_INTERPRET=1` in the environment.
+
 | site | family | tier | latency ms | speedup | signature |
 | --- | --- | --- | --- | --- | --- |
 {rows}
 
-Speedups are against the site's PyTorch reference, measured by the evaluator on {run.gpu}.
+Speedups are against the site's PyTorch reference on {_cell(run.gpu)}, {measured}.
 """
 
 
 def export_package(store: StoreReader, out: Path, run_id: int | None = None,
                    min_speedup: float = 1.0) -> list[Path]:
-    """Write `out/kiln_kernels/`: the run's fastest accepted kernel per site that beat PyTorch
-    by more than `min_speedup`."""
+    """Write `out/kiln_kernels/`: the run's fastest kernel per site that is faster than PyTorch
+    by more than `min_speedup`; below 1, correct kernels slower than PyTorch qualify too."""
     run_id = store.latest_run_id() if run_id is None else run_id
     run = store.run(run_id)
     # Kernels the end-to-end check took out (wrong or slower in the whole model) stay out.
     removed = set((run.e2e or {}).get("removed", {}))
-    winners = [w for w in store.best(run_id)
+    winners = [w for w in store.best(run_id, slower=min_speedup < 1.0)
                if (w.speedup or 0.0) > min_speedup and w.site_key not in removed]
     if not winners:
         raise KilnInputError(
-            f"run {run_id} has no accepted kernel faster than PyTorch by more than "
+            f"run {run_id} has no correct kernel faster than PyTorch by more than "
             f"{min_speedup}x", "let the search find one, or pass a lower --min-speedup")
+    check_site_keys((winner.site_key for winner in winners), run_id)
     root = out / PACKAGE
     try:
         if root.exists():

@@ -13,33 +13,36 @@ from sqlite_utils import Database
 
 from core.runtime.errors import KilnInputError
 from store.db import connect_reader
+from store.labels import ACCEPTED, SLOWER, VERDICT_SQL, VERDICTS
 from store.liveness import run_writer_alive
 from store.records import (
     Candidate,
     CandidateSummary,
+    Judging,
     LlmCall,
     Run,
     RunHeartbeat,
     Site,
     StoreVersion,
 )
-from store.search import VERDICTS, SearchFilters, find
+from store.search import SearchFilters, find
 
-_RUN_SQL = """
+_ACCEPTED_SQL = VERDICT_SQL[ACCEPTED]
+_RUN_SQL = f"""
     SELECT r.*, m.spec AS model_spec, m.hash AS model_hash,
         (SELECT count(*) FROM sites s WHERE s.run_id = r.id) AS n_sites,
         (SELECT count(*) FROM candidates c JOIN sites s ON s.id = c.site_id
             WHERE s.run_id = r.id) AS n_candidates,
         (SELECT count(*) FROM candidates c JOIN sites s ON s.id = c.site_id
             JOIN verdicts v ON v.id = c.verdict_id
-            WHERE s.run_id = r.id AND v.accepted) AS n_accepted
+            WHERE s.run_id = r.id AND {_ACCEPTED_SQL}) AS n_accepted
     FROM runs r JOIN models m ON m.id = r.model_id
 """
 
 _SUMMARY_COLUMNS = """
     c.id, c.parent_id, c.site_id, s.run_id, s.key AS site_key, s.family, c.tier, c.generator,
     c.rationale, c.created_at, v.compiled, v.correct, v.accepted, v.latency_ms, v.speedup,
-    v.speedup_vs_eager, v.speedup_vs_compile, v.roofline_fraction, v.reason
+    v.speedup_vs_eager, v.speedup_vs_compile, v.roofline_fraction, v.reason, v.reason_code
 """
 _SUMMARY_FROM = """
     FROM candidates c
@@ -326,17 +329,19 @@ class StoreReader:
         )
         return StoreVersion(tuple(last_ids), last_finished_at, running)
 
-    def best(self, run_id: int | None = None) -> list[CandidateSummary]:
-        """The fastest accepted candidate of each site of a run (the latest run by default)."""
+    def best(self, run_id: int | None = None, *, slower: bool = False) -> list[CandidateSummary]:
+        """The fastest accepted candidate of each site of a run (the latest run by default);
+        with `slower`, candidates proven correct but not faster than PyTorch count too."""
         run_id = self.latest_run_id() if run_id is None else run_id
         self._require("runs", "run", run_id)
+        kept = f"({_ACCEPTED_SQL}) OR ({VERDICT_SQL[SLOWER]})" if slower else _ACCEPTED_SQL
         rows = self._rows(
             f"""
             SELECT * FROM (
                 SELECT {_SUMMARY_COLUMNS}, s.share AS share, row_number() OVER (
                     PARTITION BY c.site_id ORDER BY v.latency_ms, c.id) AS place
                 {_SUMMARY_FROM}
-                WHERE s.run_id = ? AND v.accepted
+                WHERE s.run_id = ? AND ({kept})
             ) WHERE place = 1 ORDER BY share DESC, site_id
             """,
             [run_id],
@@ -347,7 +352,7 @@ class StoreReader:
 
     def best_of_site(self, site_id: int) -> CandidateSummary | None:
         rows = self._rows(
-            f"{_SUMMARY_SQL} WHERE c.site_id = ? AND v.accepted"
+            f"{_SUMMARY_SQL} WHERE c.site_id = ? AND {_ACCEPTED_SQL}"
             " ORDER BY v.latency_ms, c.id LIMIT 1",
             [site_id],
         )
@@ -357,3 +362,24 @@ class StoreReader:
         self._require("runs", "run", run_id)
         rows = self._rows("SELECT * FROM llm_calls WHERE run_id = ? ORDER BY id", [run_id])
         return [LlmCall(**row) for row in rows]
+
+    def judging(self, run_id: int) -> list[Judging]:
+        """Where the time of judging each candidate of a run went, in the order proposed."""
+        self._require("runs", "run", run_id)
+        rows = self._rows(
+            """
+            SELECT c.id AS candidate_id, c.site_id, c.created_at AS proposed_at,
+                v.created_at AS judged_at,
+                json_extract(v.verdict, '$.eval_seconds') AS eval_seconds,
+                json_extract(v.verdict, '$.phase_seconds') AS phase_seconds,
+                json_extract(v.verdict, '$.peak_memory_bytes') AS peak_memory_bytes
+            FROM candidates c JOIN sites s ON s.id = c.site_id
+            JOIN verdicts v ON v.id = c.verdict_id
+            WHERE s.run_id = ? ORDER BY c.id
+            """,
+            [run_id],
+        )
+        return [
+            Judging(**{**row, "phase_seconds": json.loads(row["phase_seconds"] or "{}")})
+            for row in rows
+        ]

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
+
+from store.labels import CPU_TIMINGS, cpu_timings, verdict_label
 
 
 def utc_now() -> str:
@@ -31,10 +34,15 @@ class Run:
     e2e: dict[str, Any] | None
     sites: int
     candidates: int
-    accepted: int
+    accepted: int  # candidates whose verdict reads "accepted" (store.labels)
+
+    @property
+    def cpu_timings(self) -> bool:
+        """Whether its timings are the CPU's: indicative, never a GPU speedup."""
+        return cpu_timings(self.gpu)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "timings_note": CPU_TIMINGS if self.cpu_timings else None}
 
 
 @dataclass(frozen=True)
@@ -86,11 +94,19 @@ class CandidateSummary:
     speedup_vs_compile: float | None
     roofline_fraction: float | None
     reason: str | None
+    reason_code: str | None
     # A search result's matching passage, markers around the matched terms.
     snippet: str | None = None
 
+    @property
+    def verdict_label(self) -> str:
+        """The verdict in one of `store.VERDICTS`: "accepted" only when correct and faster."""
+        return verdict_label(
+            self.compiled, self.correct, self.accepted, self.reason_code, self.speedup
+        )
+
     def to_dict(self) -> dict[str, Any]:
-        row = asdict(self)
+        row = {**asdict(self), "verdict_label": self.verdict_label}
         if self.snippet is None:
             del row["snippet"]
         return row
@@ -119,6 +135,32 @@ class Candidate:
             "verdict": self.verdict,
             "settings": self.settings,
         }
+
+
+@dataclass(frozen=True)
+class Judging:
+    """Where the time of judging one candidate went, from its latest verdict.
+
+    `phase_seconds` holds any of `PHASES`; verdicts of an older Kiln hold none.
+    """
+
+    candidate_id: int
+    site_id: int
+    proposed_at: str
+    judged_at: str
+    eval_seconds: float | None
+    phase_seconds: dict[str, float]
+    peak_memory_bytes: int | None
+
+
+# The phases of judging a candidate in the order they happen (core.evaluate's pool and judge).
+PHASES = ("worker start", "waiting for memory", "compile", "checks", "timing", "counters")
+
+
+def ordered_phases(names: Iterable[str]) -> list[str]:
+    """`names` in the order of `PHASES`; a phase a later evaluator adds comes after, by name."""
+    present = set(names)
+    return [p for p in PHASES if p in present] + sorted(present - set(PHASES))
 
 
 @dataclass(frozen=True)

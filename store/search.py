@@ -9,16 +9,7 @@ from typing import Any
 from sqlite_utils import Database
 
 from core.runtime.errors import KilnInputError
-
-# A candidate's verdict in one word, as a filter sees it.
-_VERDICT_SQL = {
-    "accepted": "v.accepted = 1",
-    "rejected": "v.accepted = 0 AND v.correct = 1",
-    "incorrect": "v.compiled = 1 AND v.correct = 0",
-    "compile failed": "v.compiled = 0",
-    "pending": "c.verdict_id IS NULL",
-}
-VERDICTS = tuple(_VERDICT_SQL)
+from store.labels import VERDICT_SQL, VERDICTS
 
 _JOINS = "JOIN sites s ON s.id = c.site_id LEFT JOIN verdicts v ON v.id = c.verdict_id"
 
@@ -35,7 +26,7 @@ class SearchFilters:
     runs: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        unknown = [verdict for verdict in self.verdicts if verdict not in _VERDICT_SQL]
+        unknown = [verdict for verdict in self.verdicts if verdict not in VERDICT_SQL]
         if unknown:
             raise KilnInputError(
                 f"unknown verdict filter {', '.join(map(repr, unknown))}",
@@ -76,7 +67,7 @@ def _clauses(filters: SearchFilters, params: dict[str, Any]) -> list[str]:
         on_gpus = _in("gpu", "gpu", filters.gpus, params)
         clauses.append(f"s.run_id IN (SELECT id FROM runs WHERE {on_gpus})")
     if filters.verdicts:
-        clauses.append("(" + " OR ".join(f"({_VERDICT_SQL[v]})" for v in filters.verdicts) + ")")
+        clauses.append("(" + " OR ".join(f"({VERDICT_SQL[v]})" for v in filters.verdicts) + ")")
     return clauses
 
 

@@ -2,7 +2,7 @@
 
 A small transformer-style block is profiled by `python -m core.optimize --list-sites` on the
 CPU; every site it finds goes into the store with its problem file, the rules generator drafts
-Triton and CUDA kernels for it and one generation of children from the first accepted draft, and
+Triton and CUDA kernels for it and one generation of children from the first correct draft, and
 the evaluator judges each one (Triton under its CPU interpreter, CUDA compile-checked with nvcc).
 Nothing in the store is made up: sites, sources, verdicts and timings are what the tools gave.
 """
@@ -134,7 +134,7 @@ def fill_app_store(folder: Path) -> AppStore:
         run = store.start_run(
             model_spec=model.name,
             model_hash=hashlib.sha256(MODEL_SOURCE.encode()).hexdigest()[:12],
-            gpu=report["timing"],
+            gpu="cpu",  # as `python -m core.optimize --device cpu` records it
             versions={"torch": torch.__version__, "triton": triton.__version__,
                       "python": platform.python_version()},
             config={"device": "cpu", "generator": "rules", "tiers": ["triton", "cuda"]},
@@ -161,10 +161,12 @@ def fill_app_store(folder: Path) -> AppStore:
         first = _judge(store, evaluator, drafts)
         children = []
         for site_id, (problem, floor_ms) in problems.items():
-            accepted = [(c, p, v) for s, c, p, v in first if s == site_id and v.accepted]
-            if not accepted:
+            # On the CPU the interpreter is slower than PyTorch, so no kernel is accepted:
+            # refine the first correct one.
+            correct = [(c, p, v) for s, c, p, v in first if s == site_id and v.correct]
+            if not correct:
                 continue
-            parent_id, proposal, verdict = accepted[0]
+            parent_id, proposal, verdict = correct[0]
             parent = Parent(proposal, feedback_of(verdict, floor_ms))
             for child in generator.propose(problem, parent, CHILDREN_PER_SITE).children:
                 children.append((site_id, problem, child, parent_id))
@@ -231,7 +233,8 @@ def chart_data(chart) -> list[dict]:
 
 
 def texts(app: AppTest) -> str:
-    """All the text a page shows in titles, captions, markdown, alerts and code, as one string."""
+    """All the text a page shows in titles, captions, markdown, alerts, code and plain text, as
+    one string."""
     parts = []
     for kind in (
         "title",
@@ -243,6 +246,7 @@ def texts(app: AppTest) -> str:
         "success",
         "warning",
         "code",
+        "text",
     ):
         parts += [str(element.value) for element in getattr(app, kind)]
     return "\n".join(parts)

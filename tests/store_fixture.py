@@ -12,7 +12,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from core.evaluate.verdict import Reason, Verdict
@@ -284,6 +284,85 @@ def fill_store(path: Path) -> Filled:
     return Filled(
         path, run, pointwise, reduction, draft, faster, mismatch, pending, broken, llm_call
     )
+
+
+# A rationale and a reason as a hostile generator or kernel could write them: Markdown and HTML
+# that would make a browser fetch an image if the app rendered them.
+HOSTILE_RATIONALE = "fast ![x](http://example.invalid/a.png) <img src=http://example.invalid/b.png>"
+HOSTILE_REASON = "boom ![y](http://example.invalid/c.png) <img src='http://example.invalid/d.png'>"
+PHASE_SECONDS = {"worker start": 0.8, "waiting for memory": 0.05, "compile": 2.5, "checks": 1.2,
+                 "timing": 0.9, "counters": 3.1}
+
+
+@dataclass(frozen=True)
+class Kinds:
+    """A store holding one candidate of each verdict label; the candidates by label."""
+
+    path: Path
+    gpu_run: int
+    cpu_run: int
+    labels: dict[int, str]  # candidate id -> the label its verdict must read as
+    accepted: int  # timed on a GPU, with phase seconds and peak memory
+    slower: int  # correct, reason code "slower"
+    legacy_slower: int  # an accepted flag from before accepted meant faster, at 0.5x
+    cpu_kernel: int  # of the CPU run: accepted, 2x on the CPU
+
+
+def _timed(v: Verdict, peak_memory_bytes: int | None = None) -> Verdict:
+    return replace(v, phase_seconds=dict(PHASE_SECONDS), eval_seconds=sum(PHASE_SECONDS.values()),
+                   peak_memory_bytes=peak_memory_bytes)
+
+
+def fill_verdict_kinds(path: Path) -> Kinds:
+    """A GPU run with one candidate of each label, and a CPU run headlining a 47x speedup."""
+    with Store.open(path) as store:
+        gpu_run = store.start_run(model_spec="examples/block.py", model_hash="1", gpu="NVIDIA H200",
+                                  versions={}, config={})
+        site = store.add_site(
+            gpu_run, key="pointwise-1a2b3c4d", family="pointwise", signature="relu(x + y) * 0.5",
+            ops=["aten.add.Tensor"], calls=1, share=0.5, time_ms=1.0, eager_ms=1.0,
+            compile_ms=None, floor_ms=0.1, problem_source=POINTWISE_PROBLEM)
+        kinds = [
+            ("accepted", _timed(verdict(accepted=True, latency_ms=0.5), 3 * 2**30)),
+            ("correct, slower", _timed(verdict(
+                accepted=False, latency_ms=1.25, code=Reason.SLOWER,
+                reason="correct, but 0.80x the speed of the PyTorch reference"))),
+            # Faster in ms than the accepted one, against a faster baseline: 0.5x its reference.
+            ("correct, slower", verdict(accepted=True, latency_ms=0.4, baseline_ms=0.2)),
+            ("rejected", verdict(accepted=False, latency_ms=0.9,
+                                 code=Reason.SPEEDUP_NOT_REPRODUCED, reason=HOSTILE_REASON)),
+            ("incorrect", verdict(accepted=False, latency_ms=0.45, correct=False,
+                                  code=Reason.WRONG_VALUES, reason="max relative error 0.5")),
+            ("compile failed", replace(verdict(
+                accepted=False, latency_ms=None, compiled=False, correct=False,
+                code=Reason.COMPILE_ERROR, reason="no attribute 'summ'"),
+                compile_log=f"Traceback: {HOSTILE_REASON}")),
+            ("pending", None),
+        ]
+        labels = {}
+        for block, (label, judged) in enumerate(kinds):
+            candidate = store.add_candidate(
+                site, parent_id=None, tier="triton", generator="llm",
+                rationale=HOSTILE_RATIONALE if label == "rejected" else f"a {label} kernel",
+                source=triton_candidate(2 ** (block + 5))).id
+            if judged is not None:
+                store.add_verdict(candidate, judged)
+            labels[candidate] = label
+        store.finish_run(gpu_run, e2e={"speedup_vs_eager": 1.8, "speedup_vs_compile": 1.2})
+        cpu_run = store.start_run(model_spec="examples/block.py", model_hash="1", gpu="cpu",
+                                  versions={}, config={"device": "cpu"})
+        cpu_site = store.add_site(
+            cpu_run, key="pointwise-1a2b3c4d", family="pointwise", signature="relu(x + y) * 0.5",
+            ops=["aten.add.Tensor"], calls=1, share=0.5, time_ms=1.0, eager_ms=1.0,
+            compile_ms=None, floor_ms=0.1, problem_source=POINTWISE_PROBLEM)
+        cpu_kernel = store.add_candidate(
+            cpu_site, parent_id=None, tier="triton", generator="rules", rationale="on the CPU",
+            source=triton_candidate(64)).id
+        store.add_verdict(cpu_kernel, verdict(accepted=True, latency_ms=0.5))
+        labels[cpu_kernel] = "accepted"
+        store.finish_run(cpu_run, e2e={"speedup_vs_eager": 47.0, "speedup_vs_compile": 3.0})
+    ids = list(labels)
+    return Kinds(path, gpu_run, cpu_run, labels, ids[0], ids[1], ids[2], cpu_kernel)
 
 
 REPO = Path(__file__).resolve().parents[1]

@@ -26,9 +26,9 @@ def test_a_refined_kernel_shows_its_source_verdict_timing_and_diffs(store_env):
         to_parent = diff_to_parent(reader, child)
         to_best = diff_to_best(reader, child)
     app = open_page("kernel.py", id=child)
-    page = texts(app)
-    verdict = "accepted" if kernel.summary.accepted else "rejected"
-    assert app.title[0].value.startswith(f"Kernel {child}: ")
+    page = texts(app) + "\n".join(text.value for text in app.text)
+    label = kernel.summary.verdict_label
+    assert app.title[0].value == f"Kernel {child}: {label}"
     assert kernel.source.rstrip() in codes(app, "python")
     assert to_parent.text.rstrip() in codes(app, "diff")
     assert (
@@ -42,7 +42,8 @@ def test_a_refined_kernel_shows_its_source_verdict_timing_and_diffs(store_env):
     assert metrics["median"] == f"{kernel.verdict['latency_ms']:.4g} ms"
     assert metrics["baseline"] == f"{kernel.verdict['baseline_ms']:.4g} ms"
     assert f"{kernel.verdict['timing_trials']} trials on" in page
-    assert app.success if kernel.summary.accepted else app.error, verdict
+    box = {"accepted": app.success, "correct, slower": app.warning}.get(label, app.error)
+    assert len(box) == 1, label
 
 
 def test_a_first_draft_is_diffed_against_its_site_problem(store_env):
@@ -60,12 +61,14 @@ def test_a_first_draft_is_diffed_against_its_site_problem(store_env):
 
 def test_a_rejected_kernel_shows_why(store_env):
     with open_reader(store_env.path) as reader:
-        rejected = next(c for c in reader.candidates() if c.accepted is False)
+        rejected = next(c for c in reader.candidates()
+                        if c.verdict_label in ("rejected", "incorrect", "compile failed"))
         verdict = reader.candidate(rejected.id).verdict
     app = open_page("kernel.py", id=rejected.id)
     (error,) = app.error
-    assert verdict["reason"] in error.value
-    assert verdict["reason_code"] in error.value
+    assert error.value.lower().startswith(rejected.verdict_label)
+    (why,) = [text.value for text in app.text if verdict["reason"] in text.value]
+    assert why.startswith(f"{verdict['reason_code']}: ")
     if verdict.get("compile_log"):
         assert verdict["compile_log"].rstrip() in codes(app, "text")
 

@@ -45,7 +45,7 @@ def test_a_cuda_kernel_shows_its_figures_and_diagnosis(tmp_path, monkeypatch):
     monkeypatch.setenv("KILN_DB", str(path))
     app = open_page("kernel.py", id=candidate)
     assert diagnosis.startswith(SPILLING)
-    assert f"**Diagnosis:** {diagnosis}" in texts(app)
+    assert f"Diagnosis: {diagnosis}" in texts(app)
     (table,) = [t.value for t in app.table if "registers" in t.value.columns]
     (kernel,) = report.kernels
     row = table.iloc[0]
@@ -63,11 +63,11 @@ def store_env(app_store: AppStore, monkeypatch: pytest.MonkeyPatch) -> AppStore:
 
 def test_a_kernel_judged_by_the_interpreter_says_why_it_has_no_figures(store_env):
     with open_reader(store_env.path) as reader:
-        accepted = [c for c in store_env.candidates
-                    if (k := reader.candidate(c)).summary.accepted and k.summary.tier == "triton"]
-    app = open_page("kernel.py", id=accepted[0])
+        correct = [c for c in store_env.candidates
+                   if (k := reader.candidate(c)).summary.correct and k.summary.tier == "triton"]
+    app = open_page("kernel.py", id=correct[0])
     page = texts(app)
-    assert "**Diagnosis:** none: nothing the rules could tell" in page
+    assert "Diagnosis: none: nothing the rules could tell" in page
     assert INTERPRETER_NOTE in page
 
 
@@ -81,7 +81,7 @@ def test_hardware_counters_show_as_a_table_and_the_stalls_as_a_chart(tmp_path, m
     monkeypatch.setenv("KILN_DB", str(path))
     app = open_page("kernel.py", id=candidate)
     page = texts(app)
-    assert f"**Diagnosis:** {diagnosis}" in page and "DRAM 50%" in diagnosis
+    assert f"Diagnosis: {diagnosis}" in page and "DRAM 50%" in diagnosis
     (table,) = [t.value for t in app.table if "DRAM % peak" in t.value.columns]
     row = table.iloc[0]
     assert row["kernel"] == "pointwise_kernel" and row["DRAM % peak"] == 49.66

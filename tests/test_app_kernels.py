@@ -52,11 +52,13 @@ def test_filters_narrow_the_list(store_env):
     cuda = [c.id for c in candidates if c.tier == "cuda"]
     assert cuda and sorted(found_ids(app)) == cuda
     tier.set_value([]).run()
-    verdict.set_value(["accepted"]).run()
+    # On the CPU the interpreter is slower than PyTorch: its correct kernels are not accepted.
+    verdict.set_value(["correct, slower"]).run()
     family.set_value(["reduction"]).run()
-    expected = [c.id for c in candidates if c.accepted and c.family == "reduction"]
+    expected = [c.id for c in candidates
+                if c.verdict_label == "correct, slower" and c.family == "reduction"]
     assert expected and sorted(found_ids(app)) == expected
-    assert set(app.dataframe[0].value["verdict"]) == {"accepted"}
+    assert set(app.dataframe[0].value["verdict"]) == {"correct, slower"}
     gpu.set_value([store_env_gpu(store_env)]).run()
     assert sorted(found_ids(app)) == expected
     app.text_input[0].set_value("hide memory latency").run()

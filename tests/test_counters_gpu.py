@@ -50,7 +50,7 @@ def test_the_judge_keeps_counters_and_the_diagnosis_cites_them(tmp_path, ncu):
     with Evaluator(EvalConfig(device="cuda")) as evaluator:
         plain, profiled = (evaluator.evaluate_many([(problem, source)], counters=flag)[0]
                            for flag in (False, True))
-    assert plain.accepted and profiled.accepted, (plain.reason, profiled.reason)
+    assert plain.correct and profiled.correct, (plain.reason, profiled.reason)
     assert plain.counters is None
     report = CounterReport.from_dict(profiled.counters)
     assert report.kernels, report.notes

@@ -196,7 +196,7 @@ def test_captured_inputs_beside_a_site_problem_are_checked(tmp_path):
             (site / "problem.py", (DATA / "good_pointwise.py").read_text()),
             (site / "problem.py", clipping),
         ])
-    assert good.accepted, good.reason
+    assert good.correct, good.reason
     assert "captured" in good.trials_checked
     assert clipped.reason_code is Reason.WRONG_VALUES
     assert clipped.reason.startswith("captured:")

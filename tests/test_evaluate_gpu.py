@@ -39,7 +39,7 @@ def test_triton_and_cuda_candidates_are_accepted_and_timed(evaluator):
     triton_verdict, cuda_verdict = evaluator.evaluate_many([
         (PROBLEM, source("good_pointwise")), (PROBLEM, source("good_cuda_pointwise"))])
     for verdict, tier in ((triton_verdict, "triton"), (cuda_verdict, "cuda")):
-        assert verdict.accepted, verdict.reason
+        assert verdict.correct, verdict.reason
         assert verdict.tier == tier
         assert verdict.timing_device.startswith("cuda (")
         assert verdict.timing_trials == 100
@@ -52,7 +52,7 @@ def test_an_illegal_address_costs_only_its_worker(evaluator):
     bad, good = evaluator.evaluate_many([(PROBLEM, source("bad_cuda_illegal_address")),
                                          (PROBLEM, source("good_pointwise"))])
     assert bad.reason_code in (Reason.CUDA_ERROR, Reason.CRASH), bad.reason
-    assert good.accepted, good.reason
+    assert good.correct, good.reason
     assert evaluator.replacements == before + 1
 
 

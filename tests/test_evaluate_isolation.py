@@ -36,7 +36,7 @@ def test_a_failing_worker_is_replaced_and_the_next_candidate_is_judged(evaluator
     assert bad.reason_code is code, bad.reason
     if flag:
         assert getattr(bad, flag)
-    assert good.accepted, good.reason
+    assert good.correct, good.reason
     assert evaluator.replacements == before + 1
 
 
@@ -54,7 +54,7 @@ def test_a_hang_times_out_and_the_evaluator_goes_on():
     assert hung.reason_code is Reason.TIMEOUT and hung.timed_out
     assert "time limit of 3s" in hung.reason
     assert hung.eval_seconds >= 3
-    assert good.accepted, good.reason
+    assert good.correct, good.reason
 
 
 def test_a_healthy_worker_is_reused(evaluator):

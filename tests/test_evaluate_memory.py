@@ -92,12 +92,12 @@ def test_a_large_problem_costs_its_worker_a_few_times_its_bytes(tmp_path):
     small, large = write_problem(tmp_path, "small", 1037), write_problem(tmp_path, "large", n)
     config = EvalConfig(device="cpu", trials=2, warmup=1)
     with Evaluator(config, workers=1) as evaluator:
-        assert evaluator.evaluate(small, CANDIDATE).accepted
+        assert evaluator.evaluate(small, CANDIDATE).correct
         pid = evaluator.pool.workers[0].process.pid
         before = peak_resident_bytes(pid)
         verdict = evaluator.evaluate(large, CANDIDATE)
         after = peak_resident_bytes(pid)
-    assert verdict.accepted, verdict.reason
+    assert verdict.correct, verdict.reason
     io_bytes = 3 * n * 4
     growth = after - before
     assert growth <= JUDGE_FACTOR * io_bytes + FIXED_OVERHEAD, (
@@ -141,7 +141,7 @@ def test_peak_device_memory_is_a_few_times_the_problems_bytes(tmp_path):
     problem = write_problem(tmp_path, "large", n)
     with Evaluator(EvalConfig(device="cuda"), workers=1) as evaluator:
         verdict = evaluator.evaluate(problem, CANDIDATE)
-    assert verdict.accepted, verdict.reason
+    assert verdict.correct, verdict.reason
     io_bytes = 3 * n * 4
     assert verdict.peak_memory_bytes is not None
     # The L2 flush buffer (twice the L2) and the pieces' temporaries are the fixed part.

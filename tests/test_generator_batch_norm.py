@@ -62,7 +62,7 @@ def test_statistics_stay_accurate_far_from_zero(tmp_path):
     # variance that E[x²] - E[x]² in fp32 would lose.
     path = problem(tmp_path, "relu_epilogue", torch.float32, offset=300.0)
     verdict = evaluate(path, small_tiles(16)(load_site_graph(path)), EvalConfig(device="cpu"))
-    assert verdict.accepted, verdict.reason
+    assert verdict.correct, verdict.reason
 
 
 def test_strided_inputs_and_other_sizes(tmp_path):
@@ -81,7 +81,7 @@ def test_every_draft_is_accepted_by_the_evaluator(tmp_path):
     assert mine, drafts.declined
     for draft in mine:
         verdict = evaluate(path, draft.source, EvalConfig(device="cpu"))
-        assert verdict.accepted, (draft.rationale, verdict.reason)
+        assert verdict.correct, (draft.rationale, verdict.reason)
 
 
 def test_inference_mode_is_left_to_the_pointwise_kernel(tmp_path):
@@ -117,4 +117,4 @@ def test_batch_norm_drafts_are_accepted_on_the_gpu_at_realistic_sizes(tmp_path):
                BatchNormConfig(programs_per_sm=1)]
     for config in configs:
         verdict = evaluate(path, write_batch_norm(graph, config), EvalConfig(device="cuda"))
-        assert verdict.accepted, (config, verdict.reason)
+        assert verdict.correct, (config, verdict.reason)

@@ -197,7 +197,7 @@ def test_shares_held_in_registers_are_accepted_on_a_gpu(tmp_path, body, inputs, 
     path = write_site(tmp_path, body, inputs)
     source = write_cuda_channel_norm(load_site_graph(path), config)
     verdict = evaluate(path, source, EvalConfig(device="cuda", time=False))
-    assert verdict.accepted, f"{body} on {inputs}: {verdict.reason}\n{source}"
+    assert verdict.correct, f"{body} on {inputs}: {verdict.reason}\n{source}"
 
 
 def test_configs_outside_sm90_clusters_are_refused(tmp_path):
@@ -220,7 +220,7 @@ def test_cluster_kernels_are_accepted_on_a_gpu(tmp_path, module, name, dtype, co
         pytest.skip("needs an NVIDIA GPU")
     path, source = write(tmp_path, module, name, dtype, config)
     verdict = evaluate(path, source, EvalConfig(device="cuda", time=False))
-    assert verdict.accepted, f"{name} ({dtype}): {verdict.reason}\n{source}"
+    assert verdict.correct, f"{name} ({dtype}): {verdict.reason}\n{source}"
 
 
 @pytest.mark.gpu
@@ -230,7 +230,7 @@ def test_statistics_stay_accurate_far_from_zero_on_a_gpu(tmp_path):
     for module, name in ((group_norm, "residual_prologue"), (batch_norm, "relu_epilogue")):
         path, source = write(tmp_path, module, name, torch.float32, CONFIGS[0], offset=300.0)
         verdict = evaluate(path, source, EvalConfig(device="cuda", time=False))
-        assert verdict.accepted, f"{name}: {verdict.reason}"
+        assert verdict.correct, f"{name}: {verdict.reason}"
 
 
 @pytest.mark.gpu
@@ -253,4 +253,4 @@ def test_realistic_sizes_and_channels_last_inputs_on_a_gpu(tmp_path, config):
         path = write_site(tmp_path, body, inputs)
         source = write_cuda_channel_norm(load_site_graph(path), config)
         verdict = evaluate(path, source, EvalConfig(device="cuda", time=False))
-        assert verdict.accepted, f"{body} on {inputs}: {verdict.reason}"
+        assert verdict.correct, f"{body} on {inputs}: {verdict.reason}"

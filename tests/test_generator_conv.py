@@ -88,7 +88,7 @@ def test_candidates_pass_the_evaluator(tmp_path):
          "b": "4"}, torch.float32)
     verdict = evaluate(path, write_conv_epilogue(load_site_graph(path), PointwiseConfig(64)),
                        EvalConfig(device="cpu", time=False))
-    assert verdict.accepted, verdict.reason
+    assert verdict.correct, verdict.reason
     assert verdict.library_ops == ["aten.convolution"] and verdict.kernel_launches == 1
 
 
@@ -102,7 +102,7 @@ def test_channel_rows_with_bias_batch_norm_and_residual_are_accepted(dtype, tmp_
          "b": "6", "r": "3, 6, 5, 7"}, dtype)
     source = write_conv_epilogue(load_site_graph(path), PointwiseConfig(block=32))
     verdict = evaluate(path, source, EvalConfig(device="cpu", time=False))
-    assert verdict.accepted, f"{dtype}: {verdict.reason}\n{source}"
+    assert verdict.correct, f"{dtype}: {verdict.reason}\n{source}"
 
 
 @pytest.mark.parametrize("draw,epilogue,extra", [
@@ -125,7 +125,7 @@ def test_other_layouts_take_the_general_split(draw, epilogue, extra, tmp_path):
     check(path, PointwiseConfig(block=16, num_warps=2))
     verdict = evaluate(path, write_conv_epilogue(load_site_graph(path), PointwiseConfig(64)),
                        EvalConfig(device="cpu", time=False))
-    assert verdict.accepted, verdict.reason
+    assert verdict.correct, verdict.reason
 
 
 def test_a_bare_conv_leaves_nothing_to_fuse(tmp_path):
@@ -145,5 +145,5 @@ def test_resnet_block_epilogue_is_accepted_on_gpu(dtype, tmp_path):
          "b": "64", "r": "8, 64, 56, 56"}, dtype)
     verdict = evaluate(path, write_conv_epilogue(load_site_graph(path), PointwiseConfig(1024)),
                        EvalConfig(device="cuda"))
-    assert verdict.accepted, verdict.reason
+    assert verdict.correct, verdict.reason
     assert verdict.library_ops == ["aten.convolution"]

@@ -238,7 +238,7 @@ def test_generated_candidates_are_accepted_on_a_gpu(tmp_path, family, name, dtyp
     path = write_problem(tmp_path, table, name, dtype)
     source = generate(path, family, config_index)
     verdict = evaluate(path, source, EvalConfig(device="cuda", time=False))
-    assert verdict.accepted, (f"{name} ({dtype}): {verdict.reason}; max rel err "
+    assert verdict.correct, (f"{name} ({dtype}): {verdict.reason}; max rel err "
                               f"{verdict.max_rel_err}\n{source}")
 
 
@@ -263,4 +263,4 @@ def test_both_pointwise_kernels_are_right_on_a_gpu(tmp_path, shapes, layouts):
                     "def get_init_inputs():\n    return []\n")
     source = write_cuda_pointwise(load_site_graph(path), CudaPointwiseConfig())
     verdict = evaluate(path, source, EvalConfig(device="cuda", time=False))
-    assert verdict.accepted, f"{verdict.reason}; max rel err {verdict.max_rel_err}"
+    assert verdict.correct, f"{verdict.reason}; max rel err {verdict.max_rel_err}"

@@ -112,7 +112,7 @@ def test_drafts_are_accepted_by_the_evaluator(dtype, tmp_path):
     for config, why in drafts:
         source = write_dim_reduction(load_site_graph(path), config)
         verdict = evaluate(path, source, EvalConfig(device="cpu", time=False))
-        assert verdict.accepted, f"{why} ({dtype}): {verdict.reason}"
+        assert verdict.correct, f"{why} ({dtype}): {verdict.reason}"
 
 
 def test_split_moves_along_its_ladder_and_the_automatic_split_by_programs_per_sm(tmp_path):
@@ -128,7 +128,7 @@ def test_split_moves_along_its_ladder_and_the_automatic_split_by_programs_per_sm
     split = next(c for c in one_pass if c.settings["split"] == 2)
     assert "split 1→2" in split.rationale
     verdict = evaluate(path, split.source, EvalConfig(device="cpu", time=False))
-    assert verdict.accepted, verdict.reason
+    assert verdict.correct, verdict.reason
 
 
 def test_the_draft_rationale_names_the_split_for_the_shape(tmp_path):
@@ -169,4 +169,4 @@ def test_split_reductions_are_accepted_on_the_gpu_at_realistic_sizes(site, tmp_p
     with Evaluator(EvalConfig(device="cuda"), workers=1) as evaluator:
         verdicts = evaluator.evaluate_many([(path, source) for source in sources])
     for source, verdict in zip(sources, verdicts, strict=True):
-        assert verdict.accepted, (source.splitlines()[0], verdict.reason)
+        assert verdict.correct, (source.splitlines()[0], verdict.reason)

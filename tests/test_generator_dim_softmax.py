@@ -99,7 +99,7 @@ def test_drafts_are_accepted_by_the_evaluator(dtype, tmp_path):
     for config, why in drafts:
         verdict = evaluate(path, write_dim_softmax(graph, config),
                            EvalConfig(device="cpu", time=False))
-        assert verdict.accepted, f"{why} ({dtype}): {verdict.reason}"
+        assert verdict.correct, f"{why} ({dtype}): {verdict.reason}"
 
 
 def test_the_rules_generator_drafts_and_mutates_the_dimension_softmax(tmp_path):
@@ -115,7 +115,7 @@ def test_the_rules_generator_drafts_and_mutates_the_dimension_softmax(tmp_path):
         assert len(moved) == 1 and moved[0] in ("block_i", "tile", "num_warps"), child.settings
     for child in children[:2]:
         verdict = evaluate(path, child.source, EvalConfig(device="cpu", time=False))
-        assert verdict.accepted, (child.rationale, verdict.reason)
+        assert verdict.correct, (child.rationale, verdict.reason)
 
 
 @pytest.mark.parametrize("params,body,reason", [
@@ -164,4 +164,4 @@ def test_dim_softmax_is_accepted_on_the_gpu_at_realistic_sizes(site, tmp_path):
     with Evaluator(EvalConfig(device="cuda"), workers=1) as evaluator:
         verdicts = evaluator.evaluate_many([(path, source) for source in sources])
     for source, verdict in zip(sources, verdicts, strict=True):
-        assert verdict.accepted, (source.splitlines()[0], verdict.reason)
+        assert verdict.correct, (source.splitlines()[0], verdict.reason)

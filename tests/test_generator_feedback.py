@@ -42,7 +42,7 @@ def pointwise(tmp_path: Path) -> Path:
 def parent_of(write, settings: object, source: str, tier: str, diagnosis: str) -> Parent:
     proposal = Proposal(source, tier, "rules", "the parent",
                         {"writer": write.__name__, **asdict(settings)})
-    return Parent(proposal, Feedback(accepted=True, latency_ms=0.05, baseline_ms=0.04,
+    return Parent(proposal, Feedback(correct=True, latency_ms=0.05, baseline_ms=0.04,
                                      floor_ms=0.01, diagnosis=diagnosis))
 
 
@@ -130,9 +130,9 @@ def test_counter_diagnoses_pick_their_first_step(code, settings, knob, value):
 
 def test_the_refinement_prompt_carries_the_diagnosis():
     line = f"{SPILLING}: _pointwise: a 64-byte stack frame per thread at 255 registers"
-    text = describe_feedback(Feedback(accepted=True, latency_ms=0.05, floor_ms=0.01,
+    text = describe_feedback(Feedback(correct=True, latency_ms=0.05, floor_ms=0.01,
                                       diagnosis=line))
     assert text.splitlines()[-1] == ("Diagnosis (from the compiler's register, spill, "
                                      "shared-memory and load figures, the timing and, where "
                                      "read, Nsight Compute's hardware counters): " + line)
-    assert "Diagnosis" not in describe_feedback(Feedback(accepted=True, latency_ms=0.05))
+    assert "Diagnosis" not in describe_feedback(Feedback(correct=True, latency_ms=0.05))

@@ -59,7 +59,7 @@ def test_statistics_stay_accurate_far_from_zero(tmp_path):
     path = problem(tmp_path, "residual_prologue", torch.float32, offset=300.0)
     source = small_tiles(64)(load_site_graph(path))
     verdict = evaluate(path, source, EvalConfig(device="cpu"))
-    assert verdict.accepted, verdict.reason
+    assert verdict.correct, verdict.reason
 
 
 def test_strided_inputs_and_other_sizes(tmp_path):
@@ -87,7 +87,7 @@ def test_every_draft_is_accepted_by_the_evaluator(tmp_path):
     assert mine, drafts.declined
     for draft in mine:
         verdict = evaluate(path, draft.source, EvalConfig(device="cpu"))
-        assert verdict.accepted, (draft.rationale, verdict.reason)
+        assert verdict.correct, (draft.rationale, verdict.reason)
 
 
 def test_sites_it_cannot_handle_say_why(tmp_path):
@@ -118,4 +118,4 @@ def test_group_norm_drafts_are_accepted_on_the_gpu_at_realistic_sizes(tmp_path):
                GroupNormConfig(block=4096, num_warps=16, persistent=True)]
     for config in configs:
         verdict = evaluate(path, write_group_norm(graph, config), EvalConfig(device="cuda"))
-        assert verdict.accepted, (config, verdict.reason)
+        assert verdict.correct, (config, verdict.reason)

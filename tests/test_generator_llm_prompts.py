@@ -52,7 +52,7 @@ def test_a_draft_carries_the_rules_the_problem_its_shapes_and_the_gpu():
 
 
 def test_a_repair_carries_the_failed_kernel_numbered_and_the_compiler_output():
-    failed = Feedback(accepted=False, reason="raised NameError", compile_log=COMPILE_LOG)
+    failed = Feedback(correct=False, reason="raised NameError", compile_log=COMPILE_LOG)
     request, result = ask(llm_parent(BAD, failed))
     text = prompt_text(request)
     assert "failed. Fix it." in text
@@ -64,7 +64,7 @@ def test_a_repair_carries_the_failed_kernel_numbered_and_the_compiler_output():
 
 
 def test_a_refinement_carries_the_kernel_with_latency_baseline_and_floor():
-    measured = Feedback(accepted=True, latency_ms=0.02, baseline_ms=0.03, floor_ms=0.005)
+    measured = Feedback(correct=True, latency_ms=0.02, baseline_ms=0.03, floor_ms=0.005)
     request, result = ask(llm_parent(GOOD, measured), reply=GOOD.replace("256", "1024"))
     text = prompt_text(request)
     assert "is correct. Make it faster." in text and GOOD.strip() in text
@@ -74,7 +74,7 @@ def test_a_refinement_carries_the_kernel_with_latency_baseline_and_floor():
 
 
 def test_the_cuda_tier_translates_the_best_triton_kernel_for_pycuda():
-    measured = Feedback(accepted=True, latency_ms=0.02, baseline_ms=0.03, floor_ms=0.005)
+    measured = Feedback(correct=True, latency_ms=0.02, baseline_ms=0.03, floor_ms=0.005)
     parent = Parent(Proposal(GOOD, "triton", "rules", "one pass"), measured)
     request, result = ask(parent, tiers=("triton", "cuda"), reply=GOOD_CUDA)
     text = prompt_text(request)
@@ -85,7 +85,7 @@ def test_the_cuda_tier_translates_the_best_triton_kernel_for_pycuda():
 
 
 def test_a_failed_kernel_of_another_generator_is_not_repaired():
-    failed = Feedback(accepted=False, reason="raised NameError")
+    failed = Feedback(correct=False, reason="raised NameError")
     parent = Parent(Proposal(BAD, "triton", "rules", "one pass"), failed)
     llm = LLMGenerator(LlmConfig(base_url="http://127.0.0.1:9/v1", api_key="test"))
     result = llm.propose(PROBLEM, parent, 1)
@@ -96,17 +96,17 @@ def test_a_failed_kernel_of_another_generator_is_not_repaired():
 def test_the_repair_budget_is_counted_along_the_chain():
     llm = LLMGenerator(LlmConfig(base_url="http://127.0.0.1:9/v1", api_key="test",
                                  max_repairs=2))
-    failed = Feedback(accepted=False, reason="wrong values")
+    failed = Feedback(correct=False, reason="wrong values")
     for repairs, allowed in ((0, True), (1, True), (2, False)):
         proposal = Proposal(BAD, "triton", "llm", "fix", {"repairs": repairs})
         assert llm.can_repair(proposal, failed) is allowed
-    accepted = Feedback(accepted=True, latency_ms=1.0, baseline_ms=1.0)
+    accepted = Feedback(correct=True, latency_ms=1.0, baseline_ms=1.0)
     assert not llm.can_repair(Proposal(GOOD, "triton", "llm", "draft"), accepted)
 
 
 def test_feedback_and_gpu_facts_read_plainly():
     assert describe_feedback(None) == "Not measured yet."
-    wrong = describe_feedback(Feedback(accepted=False, reason="seed 0: 3 of 1037 elements ..."))
+    wrong = describe_feedback(Feedback(correct=False, reason="seed 0: 3 of 1037 elements ..."))
     assert wrong == "Verdict: rejected: seed 0: 3 of 1037 elements ..."
     facts = gpu_facts(GpuPeaks())
     assert "bf16 790" in facts and "fp32 vector 67" in facts
@@ -121,8 +121,8 @@ def test_on_a_gpu_the_facts_are_the_device_s_and_the_translation_is_accepted():
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     facts = gpu_facts(GpuPeaks())
     assert props.name in facts and f"{props.multi_processor_count} SMs" in facts
-    measured = Feedback(accepted=True, latency_ms=0.02, baseline_ms=0.03, floor_ms=0.005)
+    measured = Feedback(correct=True, latency_ms=0.02, baseline_ms=0.03, floor_ms=0.005)
     parent = Parent(Proposal(GOOD, "triton", "rules", "one pass"), measured)
     _, result = ask(parent, tiers=("triton", "cuda"), reply=GOOD_CUDA)
     verdict = evaluate(PROBLEM, result.children[0].source, EvalConfig(device="cuda"))
-    assert verdict.accepted, verdict.reason
+    assert verdict.correct, verdict.reason

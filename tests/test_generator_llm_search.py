@@ -63,7 +63,7 @@ def test_a_failed_draft_is_repaired_as_its_child_and_every_call_is_stored(tmp_pa
     db = tmp_path / "kiln.db"
     candidates = {source: (cid, parent, generator, accepted, call) for
                   cid, parent, generator, accepted, call, source in rows(db, """
-        SELECT c.id, c.parent_id, c.generator, v.accepted, c.llm_call_id, c.source
+        SELECT c.id, c.parent_id, c.generator, v.correct, c.llm_call_id, c.source
         FROM candidates c JOIN verdicts v ON v.id = c.verdict_id""")}
     assert set(candidates) == {BAD, GOOD, block(GOOD, 128), block(GOOD, 512)}
     bad_id, bad_parent, _, bad_accepted, _ = candidates[BAD]
@@ -136,7 +136,7 @@ def test_a_repair_comes_ahead_of_the_next_batch_and_its_subtree_is_searched():
         return Proposals([Proposal(c, "triton", "llm", c) for c in fresh])
 
     def evaluate(proposals: list[Proposal]) -> list[Feedback]:
-        return [Feedback(accepted=latency[p.source] is not None,
+        return [Feedback(correct=latency[p.source] is not None,
                          latency_ms=latency[p.source], baseline_ms=4.0) for p in proposals]
 
     seen: set[str] = set()

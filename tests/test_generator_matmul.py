@@ -132,14 +132,14 @@ def test_candidates_pass_the_evaluator(tmp_path):
                          ["B, M, N"], {"M": 17, "N": 23, "K": 19, "B": 2}, torch.float32)
     verdict = evaluate(path, write_triton_matmul(load_site_graph(path), SMALL),
                        EvalConfig(device="cpu", time=False))
-    assert verdict.accepted, verdict.reason
+    assert verdict.correct, verdict.reason
     assert verdict.library_ops == [] and verdict.kernel_launches == 1
     (tmp_path / "bf16").mkdir()
     bf16 = write_problem(tmp_path / "bf16" / "problem.py", "bmm", ["torch.relu(v)"], [],
                          {"M": 17, "N": 23, "K": 19, "B": 3}, torch.bfloat16)
     verdict = evaluate(bf16, write_triton_matmul(load_site_graph(bf16), SMALL),
                        EvalConfig(device="cpu", time=False))
-    assert verdict.accepted, verdict.reason
+    assert verdict.correct, verdict.reason
 
 
 def test_config_shows_in_the_docstring_and_the_launch(tmp_path):
@@ -177,7 +177,7 @@ def test_realistic_linear_gelu_is_accepted_on_gpu(dtype, tmp_path):
                           num_stages=3)
     verdict = evaluate(path, write_triton_matmul(load_site_graph(path), config),
                        EvalConfig(device="cuda"))
-    assert verdict.accepted, verdict.reason
+    assert verdict.correct, verdict.reason
     assert verdict.latency_ms is not None and verdict.latency_ms > 0
 
 
@@ -187,4 +187,4 @@ def test_realistic_bmm_residual_is_accepted_on_gpu(tmp_path):
                          {"M": 511, "N": 1023, "K": 257, "B": 12}, torch.bfloat16)
     verdict = evaluate(path, write_triton_matmul(load_site_graph(path), MatmulConfig()),
                        EvalConfig(device="cuda"))
-    assert verdict.accepted, verdict.reason
+    assert verdict.correct, verdict.reason

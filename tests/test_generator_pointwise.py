@@ -116,7 +116,7 @@ def test_broadcast_and_strided_layouts_are_accepted(layout, dtype, tmp_path):
     path.write_text(layout_problem(*LAYOUTS[layout], dtype))
     source = write_pointwise(load_site_graph(path), PointwiseConfig(block=64))
     verdict = evaluate(path, source, EvalConfig(device="cpu", time=False))
-    assert verdict.accepted, f"{layout} ({dtype}): {verdict.reason}\n{source}"
+    assert verdict.correct, f"{layout} ({dtype}): {verdict.reason}\n{source}"
 
 
 def test_transposed_inputs_stay_transposed_in_the_problems(tmp_path):

@@ -127,7 +127,7 @@ def test_drafts_add_rows_for_short_rows_and_persistence_for_long(length, expecte
     assert all(drafts[1].settings[knob] == value for knob, value in expected.items())
     for draft in drafts:
         verdict = evaluate(path, draft.source, EvalConfig(device="cpu"))
-        assert verdict.accepted, (draft.rationale, verdict.reason)
+        assert verdict.correct, (draft.rationale, verdict.reason)
 
 
 GPU_SITES = {
@@ -158,4 +158,4 @@ def test_blocks_of_rows_are_accepted_on_the_gpu_at_realistic_sizes(site, tmp_pat
         sources = [write_row_reduction(graph, config) for config in GPU_CONFIGS]
         verdicts = evaluator.evaluate_many([(path, source) for source in sources])
     for source, verdict in zip(sources, verdicts, strict=True):
-        assert verdict.accepted, (source.splitlines()[0], verdict.reason)
+        assert verdict.correct, (source.splitlines()[0], verdict.reason)

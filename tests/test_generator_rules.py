@@ -40,7 +40,7 @@ def test_every_child_is_accepted_by_the_evaluator(tmp_path):
     config = EvalConfig(device="cpu")
     for proposal in [draft, *children]:
         verdict = evaluate(problem, proposal.source, config)
-        assert verdict.accepted, (proposal.rationale, verdict.reason)
+        assert verdict.correct, (proposal.rationale, verdict.reason)
 
 
 def test_a_site_without_rules_is_declined_with_a_plain_reason(tmp_path):
@@ -79,4 +79,4 @@ def test_reduction_over_an_inner_dimension_gets_the_dimension_kernel(tmp_path):
     assert drafts.children, drafts.declined
     assert all(d.settings["writer"] == "write_dim_reduction" for d in drafts.children)
     verdict = evaluate(problem, drafts.children[0].source, EvalConfig(device="cpu"))
-    assert verdict.accepted, verdict.reason
+    assert verdict.correct, verdict.reason

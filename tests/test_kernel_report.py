@@ -163,7 +163,7 @@ def test_the_verdict_carries_the_report_and_an_empty_diagnosis_on_a_cpu(tmp_path
     path = one_input_problem(tmp_path, "torch.sigmoid(x) * x", "torch.randn(16, 64)")
     source = write_pointwise(load_site_graph(path), PointwiseConfig())
     verdict = evaluate(path, source, EvalConfig(device="cpu"))
-    assert verdict.accepted, verdict.reason
+    assert verdict.correct, verdict.reason
     assert verdict.kernel_report == {"kernels": [], "notes": [INTERPRETER_NOTE]}
     assert verdict.diagnosis == ""  # no compiled figures, and CPU latencies have no GPU floor
 
@@ -183,7 +183,7 @@ def test_triton_on_a_gpu_reports_its_compiled_kernels(tmp_path):
     path = one_input_problem(tmp_path, "torch.relu(x * 2.0)", "torch.randn(4096, 4096)")
     source = write_pointwise(load_site_graph(path), PointwiseConfig(block=4096, num_warps=8))
     verdict = evaluate(path, source, EvalConfig(device="cuda"))
-    assert verdict.accepted, verdict.reason
+    assert verdict.correct, verdict.reason
     report = KernelReport.from_dict(verdict.kernel_report)
     assert report.kernels, report
     for kernel in report.kernels:

@@ -41,6 +41,7 @@ def test_runs_lists_each_run_with_its_counts(tmp_path):
         "sites",
         "candidates",
         "accepted",
+        "timings",
     ]
     assert table[1].split()[:2] == [str(filled.run), "examples/block.py"]
 

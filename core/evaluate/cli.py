@@ -2,7 +2,8 @@
 
     python -m core.evaluate PROBLEM CANDIDATE [--device cuda|cpu] [--trials N] [--seed S] [--json]
 
-Exit code 0 when the candidate is accepted, 1 when it is rejected, 2 on bad input.
+Exit code 0 when the candidate is accepted (correct and faster than the problem's PyTorch
+reference), 1 when it is not (rejected, or correct but slower), 2 on bad input.
 """
 
 from __future__ import annotations
@@ -18,7 +19,12 @@ from core.runtime.problem_loader import check_candidate_source, check_problem_so
 
 
 def describe(verdict: Verdict) -> str:
-    status = "accepted" if verdict.accepted else f"rejected [{verdict.reason_code}]"
+    if verdict.accepted:
+        status = "accepted"
+    elif verdict.correct:
+        status = f"correct, not accepted [{verdict.reason_code}]"
+    else:
+        status = f"rejected [{verdict.reason_code}]"
     lines = [f"{status}{': ' + verdict.reason if verdict.reason else ''}"]
     if verdict.max_abs_err is not None:
         lines.append(f"max abs err {verdict.max_abs_err:.3g}, max rel err "

@@ -102,7 +102,11 @@ class Judge:
             clock.stop()
             if device.type == "cuda":
                 verdict.peak_memory_bytes = torch.cuda.max_memory_allocated(device)
-        verdict.accepted = True
+        not_faster = slower_reason(verdict, config.time)
+        if not_faster is None:
+            verdict.accepted = True
+        else:
+            verdict.reason_code, verdict.reason = not_faster
         return verdict, True
 
     def run_checks(self, verdict: Verdict, problem: Problem, candidate_path: Path,
@@ -251,6 +255,17 @@ class Judge:
         if second < first / 2:
             raise Rejected(Reason.SPEEDUP_NOT_REPRODUCED,
                            f"measured {first:.1f}x, then {second:.1f}x when timed again")
+
+
+def slower_reason(verdict: Verdict, timed: bool) -> tuple[Reason, str] | None:
+    """Why a correct candidate is not accepted: not faster than the reference, or not timed."""
+    if not timed:
+        return Reason.NOT_TIMED, "correct; not timed, so not known to be faster"
+    if verdict.speedup is not None and verdict.speedup > 1.0:
+        return None
+    return Reason.SLOWER, (f"correct, but {verdict.speedup or 0.0:.2f}x the speed of the PyTorch "
+                           f"reference ({verdict.latency_ms:.4g} ms against "
+                           f"{verdict.baseline_ms:.4g} ms)")
 
 
 class PhaseClock:

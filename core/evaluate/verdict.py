@@ -10,9 +10,13 @@ from typing import Any
 
 
 class Reason(StrEnum):
-    """Why a candidate was rejected; `ACCEPTED` (empty) only when it was accepted."""
+    """Why a candidate was not accepted; `ACCEPTED` (empty) only when it was: correct, and
+    faster than the PyTorch reference it was timed against."""
 
     ACCEPTED = ""
+    # Correct, every check passed, but not faster (or not timed): a kernel to refine, not to keep.
+    SLOWER = "slower"
+    NOT_TIMED = "not_timed"
     NO_MODEL_NEW = "no_model_new"
     STATIC_CHECK = "static_check"
     COMPILE_ERROR = "compile_error"
@@ -45,6 +49,9 @@ class Reason(StrEnum):
 @dataclass
 class Verdict:
     """Everything the evaluator learned about one candidate on one problem.
+
+    `correct`: it passed every check; `accepted`: correct and faster than the PyTorch
+    reference it was timed against (`speedup` > 1), else `reason_code` is SLOWER or NOT_TIMED.
 
     `max_rel_err` is the largest `|out - ref| / (scale + |ref|)` over all trials, where `scale` is
     the reference output's largest magnitude; the candidate is correct when it stays within

@@ -1,6 +1,6 @@
 """Hardware counters for the best few kernels of a site, and the sharper diagnosis they give.
 
-After each round of a site's search, its `count` fastest accepted kernels that have no counters yet
+After each round of a site's search, its `count` fastest correct kernels that have no counters yet
 are judged once more, with Nsight Compute reading their counters (`core.evaluate.counters`). The
 search ranked them by their first timing, so their verdict keeps it; it takes the counters and the
 diagnosis drawn with them, and is stored as the candidate's latest verdict. The node's feedback
@@ -18,7 +18,7 @@ from core.search.tree import Node, SiteSearch
 
 
 def unprofiled_best(search: SiteSearch, count: int, profiled: set[int]) -> list[Node]:
-    """The site's `count` fastest accepted kernels, those among them not yet profiled."""
+    """The site's `count` fastest correct kernels, those among them not yet profiled."""
     ranked = sorted((n for n in search.nodes()
                      if n.latency_ms is not None and n.candidate_id is not None),
                     key=lambda n: n.latency_ms or 0.0)
@@ -28,7 +28,7 @@ def unprofiled_best(search: SiteSearch, count: int, profiled: set[int]) -> list[
 def with_counters(first: Verdict, profiled: Verdict) -> Verdict:
     """The first verdict (its timing ranked the kernel) with the counters and diagnosis of the
     profiled one; when judging it again failed, the first diagnosis and a note on why."""
-    if not profiled.accepted:
+    if not profiled.correct:
         note = (f"no counters: judged again to read them, it was rejected "
                 f"({profiled.reason_code}): {profiled.reason}")
         return replace(first, counters={"kernels": [], "notes": [note], "seconds": 0.0})

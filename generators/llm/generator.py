@@ -76,7 +76,7 @@ class LLMGenerator:
     def can_repair(self, proposal: Proposal, feedback: Feedback) -> bool:
         """A failed kernel of this generator gets a repair child while its chain has budget."""
         repairs = int(proposal.settings.get("repairs", 0))
-        return (proposal.generator == self.name and not feedback.accepted and not self.dead
+        return (proposal.generator == self.name and not feedback.correct and not self.dead
                 and repairs < self.config.max_repairs)
 
     def propose(self, problem: Path, parent: Parent | None, n: int,
@@ -104,7 +104,7 @@ class LLMGenerator:
         if parent is None:
             return "draft", "triton" if "triton" in tiers else "cuda"
         feedback = parent.feedback
-        if feedback is not None and not feedback.accepted:
+        if feedback is not None and not feedback.correct:
             return ("repair", parent.proposal.tier) \
                 if parent.proposal.generator == self.name else None
         if "cuda" in tiers and parent.proposal.tier == "triton":

@@ -79,7 +79,7 @@ def describe_feedback(feedback: Feedback | None) -> str:
     limits it when the evaluator could tell."""
     if feedback is None:
         return "Not measured yet."
-    lines = [f"Verdict: {'accepted' if feedback.accepted else 'rejected'}"
+    lines = [f"Verdict: {'correct' if feedback.correct else 'rejected'}"
              + (f": {feedback.reason}" if feedback.reason else "")]
     if feedback.latency_ms is not None:
         timing = f"Latency {feedback.latency_ms:.4f} ms"
