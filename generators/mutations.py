@@ -45,6 +45,9 @@ LADDERS: dict[str, tuple[int | bool | str, ...]] = {
     "cluster": (2, 4, 8),
     "vector": (1, 2, 4),
     "held": ("shared", "registers"),
+    "block_rows": (1, 2, 4, 8, 16, 32, 64, 128),
+    "block_columns": (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384),
+    "splits": (1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
 }
 WHY_UP: dict[str, str] = {
     "block": "more elements per program, fewer programs to schedule",
@@ -70,6 +73,9 @@ WHY_UP: dict[str, str] = {
     "vector": "more values a thread step: wider loads, coordinates found once a vector",
     "held": "the share kept in registers: every load of it in flight at once, no trip "
             "through shared memory",
+    "block_rows": "more rows a program: one launch and one fold for several rows",
+    "block_columns": "wider column blocks: longer loads in flight, a row's loop in fewer steps",
+    "splits": "more programs share each row's loops: more of the GPU for few, long rows",
 }
 WHY_DOWN: dict[str, str] = {
     "block": "smaller blocks, more programs to fill every SM",
@@ -93,6 +99,10 @@ WHY_DOWN: dict[str, str] = {
     "cluster": "fewer blocks share a set: fewer cluster barriers and partial sums to merge",
     "vector": "fewer values a thread step: more threads in flight on each share",
     "held": "the share kept in shared memory: fewer registers a thread",
+    "block_rows": "fewer rows a program: fewer registers, more programs",
+    "block_columns": "narrower column blocks: fewer registers, a looped row instead of a "
+                     "persistent one",
+    "splits": "fewer programs a row: fewer partial results to write and combine",
 }
 
 
@@ -106,6 +116,7 @@ WHY_DOWN: dict[str, str] = {
 # warps to issue the math. Excess traffic: larger matrix tiles (each operand is read fewer times),
 # fewer partial results.
 _FEWER_REGISTERS = (("block", -1), ("tile", -1), ("rows", -1), ("rows_per_block", -1),
+                    ("block_columns", -1), ("block_rows", -1),
                     ("block_m", -1), ("block_n", -1), ("block_k", -1), ("block_r", -1),
                     ("block_i", -1), ("num_warps", 1), ("vector_bytes", -1),
                     ("num_stages", -1), ("held", -1))
@@ -117,11 +128,13 @@ PREFERRED: dict[str, tuple[tuple[str, int], ...]] = {
     LATENCY_BOUND: (("block", 1), ("rows", 1), ("rows_per_block", 1), ("num_stages", 1),
                     ("persistent", 1), ("blocks_per_sm", 1), ("programs_per_sm", 1),
                     ("split", 1), ("num_warps", 1), ("threads", 1), ("block_i", 1),
-                    ("block_r", 1), ("tile", 1), ("held", 1)),
+                    ("block_r", 1), ("tile", 1), ("held", 1), ("splits", 1),
+                    ("block_columns", 1)),
     NARROW_LOADS: (("vector_bytes", 1), ("block_i", 1), ("block", 1)),
     UNCOALESCED: (("vector_bytes", 1), ("block_i", 1), ("block", 1)),
     COMPUTE_BOUND: (("block_m", 1), ("block_n", 1), ("num_warps", 1), ("threads", 1)),
-    EXCESS_TRAFFIC: (("block_m", 1), ("block_n", 1), ("split", -1), ("rows_per_block", 1)),
+    EXCESS_TRAFFIC: (("block_m", 1), ("block_n", 1), ("split", -1), ("rows_per_block", 1),
+                     ("splits", -1)),
 }
 
 

@@ -117,13 +117,21 @@ UNARY: dict[str, Callable[[str, Emitter], str]] = {
     "softsign": lambda x, e: f"({x} / ({e.const(1.0)} + {e.call('abs', x)}))",
     "logical_not": lambda x, e: e.truth(f"{x} == {e.const(0.0)}"),
     "bitwise_not": lambda x, e: e.truth(f"{x} == {e.const(0.0)}"),
+    "isnan": lambda x, e: e.truth(f"{x} != {x}"),
+    "isinf": lambda x, e: e.truth(f"{e.call('abs', x)} == {e.const(math.inf)}"),
+    "sign": lambda x, e: e.select(f"{x} > {e.const(0.0)}", e.const(1.0), e.select(
+        f"{x} < {e.const(0.0)}", e.const(-1.0), e.const(0.0))),  # sign(nan) is 0, as in torch
+    "trunc": lambda x, e: e.call("trunc", x),
 }
+# Ops of two values whose result is a truth: both sides taken as truths.
+LOGICAL = {"logical_and": "&", "logical_or": "|", "logical_xor": "^", "bitwise_and": "&",
+           "bitwise_or": "|", "bitwise_xor": "^"}
 # Ops with more arguments or parameters, each a case of `formula`.
 SPECIAL = frozenset({"rsub", "gelu", "pow", "clamp", "clip", "hardtanh", "clamp_min",
                      "clamp_max", "maximum", "minimum", "leaky_relu", "elu", "softplus",
                      "where", "masked_fill", "batch_norm"})
 ELEMENTWISE_OPS = frozenset(BINARY_OPERATORS) | frozenset(COMPARISONS) | IDENTITIES | CASTS \
-    | frozenset(UNARY) | SPECIAL
+    | frozenset(UNARY) | frozenset(LOGICAL) | SPECIAL
 
 
 def formula(op: Op, value: dict[Ref, str], emit: Emitter) -> str:
@@ -149,6 +157,9 @@ def formula(op: Op, value: dict[Ref, str], emit: Emitter) -> str:
         return f"({v(arg_at(op, 1))} - {x})"
     if name in COMPARISONS:
         return emit.truth(f"{x} {COMPARISONS[name]} {v(arg_at(op, 1))}")
+    if name in LOGICAL:
+        return emit.truth(f"({emit.nonzero(x)}) {LOGICAL[name]} "
+                          f"({emit.nonzero(v(arg_at(op, 1)))})")
     if name in IDENTITIES:
         return x
     if name in CASTS:

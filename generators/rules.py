@@ -16,6 +16,7 @@ import torch
 
 from core.profile.roofline import GpuPeaks
 from generators.base import Parent, Proposal, Proposals, source_digest
+from generators.compiler.schedule import Schedule
 from generators.cuda.channel_norm import write_cuda_channel_norm
 from generators.cuda.cluster_shares import ClusterNormConfig, register_threads
 from generators.cuda.pointwise import CudaPointwiseConfig, write_cuda_pointwise
@@ -23,6 +24,7 @@ from generators.cuda.row_reduction import CudaReductionConfig, write_cuda_reduct
 from generators.mutations import diagnosed_neighbours
 from generators.site_graph import Ref, SiteGraph, Unsupported, load_site_graph
 from generators.triton.batch_norm import BatchNormConfig, write_batch_norm
+from generators.triton.compiled import compiled_drafts, write_compiled
 from generators.triton.conv import write_conv_epilogue
 from generators.triton.dim_reduction import (
     AUTO_SPLIT,
@@ -256,6 +258,8 @@ WRITERS = (
     Writer("reduction", "triton", write_dim_softmax, DimSoftmaxConfig, _dim_softmax_drafts),
     Writer("reduction", "triton", write_group_norm, GroupNormConfig, _group_norm_drafts),
     Writer("reduction", "triton", write_batch_norm, BatchNormConfig, _batch_norm_drafts),
+    Writer("pointwise", "triton", write_compiled, Schedule, compiled_drafts),
+    Writer("reduction", "triton", write_compiled, Schedule, compiled_drafts),
     Writer("matmul", "triton", write_triton_matmul, MatmulConfig, _matmul_drafts),
     Writer("conv", "triton", write_conv_epilogue, PointwiseConfig, _conv_drafts),
     Writer("pointwise", "cuda", write_cuda_pointwise, CudaPointwiseConfig,

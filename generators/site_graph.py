@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -74,6 +74,7 @@ class SiteGraph:
     ops: tuple[Op, ...]
     outputs: tuple[Ref, ...]  # in the order forward returns them
     returns_tuple: bool = False
+    problem: Path | None = None  # the site problem it was read from
 
     def info(self, ref: Ref) -> TensorInfo:
         return self.inputs[ref.index] if ref.is_input else self.ops[ref.index].out
@@ -101,6 +102,8 @@ def graph_of_region(region: Region, arguments: dict[fx.Node, int],
     ops = []
     for i, node in enumerate(region.nodes):
         value = node.meta["example_value"]
+        if isinstance(value, tuple | list):
+            value = value[0]  # a tuple-valued reduction (max along a dim): its first result
         info = op_info(node)
         ops.append(Op(info.name, info.kind, _convert(tuple(node.args), refs),
                       tuple((k, _convert(v, refs)) for k, v in node.kwargs.items()),
@@ -148,4 +151,4 @@ def load_site_graph(problem: Path) -> SiteGraph:
     returned = graph.module.graph.output_node().args[0]
     if isinstance(returned, tuple | list) and len(returned) == 1:
         returned = returned[0]  # dynamo wraps a single result in a tuple
-    return graph_of_region(regions[0], arguments, infos, returned)
+    return replace(graph_of_region(regions[0], arguments, infos, returned), problem=problem)

@@ -39,9 +39,14 @@ POINTWISE_NAMES = frozenset(
     type_as""".split()
 )
 REDUCTION_NAMES = frozenset(
-    """sum mean amax amin prod var std logsumexp softmax log_softmax layer_norm rms_norm
-    group_norm batch_norm instance_norm normalize norm""".split()
+    """sum mean amax amin prod var std logsumexp softmax log_softmax softmin layer_norm rms_norm
+    group_norm batch_norm instance_norm normalize norm max min argmax argmin all any cumsum
+    cumprod var_mean std_mean mse_loss l1_loss smooth_l1_loss huber_loss kl_div cross_entropy
+    nll_loss binary_cross_entropy binary_cross_entropy_with_logits hinge_embedding_loss
+    soft_margin_loss cosine_similarity""".split()
 )
+# Reductions that return a tuple of tensors (`max(x, dim)` gives values and indices).
+TUPLE_REDUCTIONS = frozenset("max min var_mean std_mean aminmax".split())
 MATMUL_NAMES = frozenset("linear matmul mm bmm addmm baddbmm addmv".split())
 CONV_NAMES = frozenset(
     "conv1d conv2d conv3d conv_transpose1d conv_transpose2d conv_transpose3d".split()
@@ -157,8 +162,11 @@ def _tensor_args(node: fx.Node) -> list[torch.Tensor]:
 def _refine(name: str, kind: OpKind, node: fx.Node) -> OpKind:
     """Corrections that depend on arguments or shapes rather than on the op's name alone."""
     out = node.meta.get("example_value")
+    if isinstance(out, tuple | list) and name in TUPLE_REDUCTIONS and all(
+            isinstance(o, torch.Tensor) for o in out):
+        return OpKind.REDUCTION  # its users pick the results with getitem, in the region
     if not isinstance(out, torch.Tensor):
-        # Tuple-returning forms (`max(x, dim)`, `var_mean`) and scalar results stay with PyTorch.
+        # Other tuple-returning forms and scalar results stay with PyTorch.
         return OpKind.VIEW if kind is OpKind.VIEW else OpKind.OTHER
     if name == "to" or name == "type_as":
         ins = _tensor_args(node)

@@ -142,12 +142,21 @@ class _Grower:
                 return False
         return True
 
+    def _reduced_shape(self, node: fx.Node, region: Region) -> bool:
+        """Whether `node` has the shape of a reduction's input in `region`: an epilogue that
+        broadcasts the reduction back over what it reduced (`x / x.norm(dim=1, keepdim=True)`)
+        is computed in the same pass."""
+        return region.family == "reduction" and any(
+            _same_shape(node, p) for m in region.nodes
+            if op_info(m).kind is OpKind.REDUCTION for p in m.all_input_nodes)
+
     def add_pointwise(self, node: fx.Node) -> None:
         for parent in node.all_input_nodes:
             region = self._open(self.region_of.get(parent))
             if region is None or region.family not in _TAKES_EPILOGUE:
                 continue
-            if region.family != "pointwise" and not _same_shape(node, parent):
+            if region.family != "pointwise" and not _same_shape(node, parent) and \
+                    not self._reduced_shape(node, region):
                 continue
             if self._convex_with(node, region):
                 region.nodes.append(node)
@@ -221,12 +230,14 @@ class _Grower:
         region consumes is trimmed again at the end.
         """
         parents = node.all_input_nodes
-        if name not in _ORDER_PRESERVING or len(parents) != 1:
+        picks = name == "getitem" and isinstance(parents[0].meta.get("example_value"),
+                                                  tuple | list) if parents else False
+        if (name not in _ORDER_PRESERVING and not picks) or len(parents) != 1:
             return
         region = self._open(self.region_of.get(parents[0]))
         if region is None or region.family not in _TAKES_EPILOGUE:
             return
-        if _contiguous(parents[0]) and _contiguous(node):
+        if picks or (_contiguous(parents[0]) and _contiguous(node)):
             region.nodes.append(node)
             self.region_of[node] = region
 

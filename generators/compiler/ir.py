@@ -1,0 +1,192 @@
+"""The compiler's IR: a site as a graph of values, each a function of its own coordinates.
+
+A value has a shape and a dtype. An input is read at its coordinates; an elementwise value
+computes an op table formula from its arguments (broadcast as PyTorch broadcasts); a view finds
+its source's coordinates from its own (`source_coords`); a reduction combines its source over
+some dimensions, a scan along one, a gather reads its source at coordinates another value gives.
+Nothing here says how a kernel loops: that is the plan's and the schedule's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from generators.compiler.index import Expr, Ranges, reshape
+
+# Reductions, and the value each starts from.
+REDUCTIONS = ("sum", "prod", "amax", "amin", "mean", "var", "argmax", "argmin")
+SCANS = ("cumsum", "cumprod")
+
+
+@dataclass(eq=False)
+class Value:
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def numel(self) -> int:
+        count = 1
+        for size in self.shape:
+            count *= size
+        return count
+
+    def operands(self) -> tuple[Value, ...]:
+        return ()
+
+
+@dataclass(eq=False)
+class Input(Value):
+    index: int = 0
+    stride: tuple[int, ...] = ()  # in elements, as the site's input is laid out
+
+
+@dataclass(eq=False)
+class Constant(Value):
+    value: float | int | bool = 0
+
+
+@dataclass(eq=False)
+class Elementwise(Value):
+    """An op of the op table (`generators.op_table`) on values and constants."""
+
+    op: str = ""
+    args: tuple[object, ...] = ()  # Values and constants, as the op table reads them
+    kwargs: tuple[tuple[str, object], ...] = ()
+
+    def operands(self) -> tuple[Value, ...]:
+        found = [a for a in self.args if isinstance(a, Value)]
+        found += [v for _, v in self.kwargs if isinstance(v, Value)]
+        return tuple(found)
+
+
+@dataclass(eq=False)
+class Cast(Value):
+    """The source rounded to this value's dtype (a PyTorch `.to` in the middle of a chain)."""
+
+    source: Value | None = None
+
+    def operands(self) -> tuple[Value, ...]:
+        return (self.source,)
+
+
+@dataclass(eq=False)
+class View(Value):
+    """The source's elements at other coordinates: "reshape", "permute" (`dims`: the source
+    dimension of each of ours), "expand" (size-1 source dimensions repeated)."""
+
+    source: Value | None = None
+    kind: str = "reshape"
+    dims: tuple[int, ...] = ()
+
+    def operands(self) -> tuple[Value, ...]:
+        return (self.source,)
+
+    def source_coords(self, coords: list[Expr], ranges: Ranges) -> list[Expr]:
+        source = self.source
+        assert source is not None
+        if self.kind == "permute":
+            out = [Expr()] * len(self.dims)
+            for ours, theirs in enumerate(self.dims):
+                out[theirs] = coords[ours]
+            return out
+        if self.kind == "expand":
+            return broadcast_coords(coords, self.shape, source.shape)
+        return reshape(coords, self.shape, source.shape, ranges)
+
+
+@dataclass(eq=False)
+class Reduce(Value):
+    """`kind` of the source over `dims`, kept as size-1 dimensions when `keepdim`. var takes
+    `correction`; argmax and argmin reduce one dimension and give int64 indices."""
+
+    source: Value | None = None
+    kind: str = "sum"
+    dims: tuple[int, ...] = ()
+    keepdim: bool = False
+    correction: float = 0.0
+
+    def operands(self) -> tuple[Value, ...]:
+        return (self.source,)
+
+    def source_coords(self, coords: list[Expr], loop: list[Expr]) -> list[Expr]:
+        """The source's coordinates for our `coords` and the reduced dimensions' `loop`
+        counters, in the order of `dims`."""
+        assert self.source is not None
+        out: list[Expr] = []
+        ours = iter(coords)
+        reduced = dict(zip(self.dims, loop, strict=True))
+        for d in range(len(self.source.shape)):
+            if d in reduced:
+                out.append(reduced[d])
+                if self.keepdim:
+                    next(ours)
+            else:
+                out.append(next(ours))
+        return out
+
+    @property
+    def reduced_shape(self) -> tuple[int, ...]:
+        assert self.source is not None
+        return tuple(self.source.shape[d] for d in self.dims)
+
+
+@dataclass(eq=False)
+class Scan(Value):
+    """`kind` of the source along `dim`, inclusive: element i combines elements 0..i."""
+
+    source: Value | None = None
+    kind: str = "cumsum"
+    dim: int = 0
+
+    def operands(self) -> tuple[Value, ...]:
+        return (self.source,)
+
+
+@dataclass(eq=False)
+class Gather(Value):
+    """The source at our coordinates, but along `dim` at the position `index` holds there."""
+
+    source: Value | None = None
+    dim: int = 0
+    index: Value | None = None
+
+    def operands(self) -> tuple[Value, ...]:
+        return (self.source, self.index)
+
+
+@dataclass
+class Graph:
+    """A site as values: its inputs in forward's order, its outputs in return order."""
+
+    inputs: list[Input]
+    outputs: list[Value]
+    returns_tuple: bool = False
+    names: dict[int, str] = field(default_factory=dict)  # id(value) -> the aten op it came from
+
+    def values(self) -> Iterator[Value]:
+        """Every value the outputs depend on, each once, operands before their users."""
+        seen: set[int] = set()
+        order: list[Value] = []
+
+        def visit(value: Value) -> None:
+            if id(value) in seen:
+                return
+            seen.add(id(value))
+            for operand in value.operands():
+                visit(operand)
+            order.append(value)
+
+        for output in self.outputs:
+            visit(output)
+        return iter(order)
+
+
+def broadcast_coords(coords: list[Expr], shape: tuple[int, ...], operand: tuple[int, ...]
+                     ) -> list[Expr]:
+    """Coordinates in an operand of `operand` shape, broadcast to `shape` as PyTorch does:
+    dimensions aligned from the right, size-1 dimensions read at 0."""
+    lead = len(shape) - len(operand)
+    return [Expr() if size == 1 else coords[lead + d] for d, size in enumerate(operand)]

@@ -1,0 +1,237 @@
+"""How a site's IR becomes one kernel: the loop domain, its row and column dimensions, and the
+reductions each row needs, in the order they depend on each other.
+
+A kernel loops over a domain, the shape of one of the site's values (a reduction's source, or an
+output), in rows and columns. Row dimensions are those the reductions' results depend on: each
+program takes a block of rows, computes every reduction of its rows (each a loop over the
+reduced dimensions), then walks the columns to compute and store the outputs of the domain's
+size. Outputs of the rows' size (a reduction's own result, say) are stored once per row. Which
+dimensions are rows falls out of the index expressions (`generators.compiler.index`): they are
+the loop counters the reductions' coordinates use, once views are seen through. A domain where
+that does not come out clean (a reduction inside another's loop, an output of neither size, a
+scan with more than its own dimension for columns) is refused, and the next tried.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from generators.compiler.index import Expr, Ranges, linearize, reshape
+from generators.compiler.ir import (
+    Cast,
+    Constant,
+    Elementwise,
+    Gather,
+    Graph,
+    Input,
+    Reduce,
+    Scan,
+    Value,
+    View,
+    broadcast_coords,
+)
+from generators.site_graph import Unsupported
+
+Coords = tuple[Expr, ...]
+
+
+@dataclass(eq=False)
+class Reduction:
+    """One reduction a row needs: `node` at result coordinates `coords` (row counters only),
+    looping over `loop`, one counter per reduced dimension."""
+
+    node: Reduce
+    coords: Coords
+    loop: tuple[str, ...]
+    index: int
+    needs: set[tuple[int, Coords]] = field(default_factory=set)  # reductions its source reads
+    level: int = 0  # 0 for one that reads no other reduction, else 1 + theirs
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.node.reduced_shape)
+
+    def source_coords(self) -> list[Expr]:
+        return self.node.source_coords(list(self.coords), [Expr.of(s) for s in self.loop])
+
+
+@dataclass
+class Kernel:
+    graph: Graph
+    domain: tuple[int, ...]
+    symbols: tuple[str, ...]  # one loop counter per domain dimension
+    rows: tuple[int, ...]  # the domain dimensions that are rows
+    columns: tuple[int, ...]  # the rest
+    full: tuple[int, ...]  # outputs of the domain's size
+    per_row: tuple[int, ...]  # outputs of the rows' size
+    reductions: list[Reduction]
+    scan_dim: int | None
+    ranges: Ranges
+    sizes: dict[str, int] = field(default_factory=dict)  # every counter's extent
+
+    @property
+    def row_count(self) -> int:
+        return math.prod(self.domain[d] for d in self.rows)
+
+    @property
+    def column_count(self) -> int:
+        return math.prod(self.domain[d] for d in self.columns)
+
+    def output_coords(self, index: int) -> list[Expr]:
+        """An output's coordinates in terms of the domain's counters (or the rows' alone)."""
+        value = self.graph.outputs[index]
+        if index in self.full:
+            return reshape([Expr.of(s) for s in self.symbols], self.domain, value.shape,
+                           self.ranges)
+        row_shape = tuple(self.domain[d] for d in self.rows)
+        return reshape([Expr.of(self.symbols[d]) for d in self.rows], row_shape, value.shape,
+                       self.ranges)
+
+    def output_offset(self, index: int) -> Expr:
+        """Where an output element goes in its contiguous tensor."""
+        if index in self.full:
+            return linearize([Expr.of(s) for s in self.symbols], self.domain)
+        return linearize([Expr.of(self.symbols[d]) for d in self.rows],
+                         tuple(self.domain[d] for d in self.rows))
+
+
+class _Survey:
+    """Walks values from given coordinates as a kernel would compute them, collecting the
+    reductions and scans met and the counters each depends on."""
+
+    def __init__(self, domain: tuple[int, ...], symbols: tuple[str, ...],
+                 sizes: dict[str, int]) -> None:
+        self.domain, self.symbols = domain, symbols
+        self.sizes = sizes
+        self.ranges = Ranges(sizes)
+        self.reductions: dict[tuple[int, Coords], Reduction] = {}
+        self.scans: list[tuple[Scan, Coords]] = []
+        self.needs: dict[tuple[int, Coords], frozenset[tuple[int, Coords]]] = {}
+        self.loops: dict[tuple[Coords, tuple[int, ...]], tuple[str, ...]] = {}
+
+    def fresh(self, prefix: str, size: int) -> str:
+        name = f"{prefix}{len(self.sizes)}"
+        self.sizes[name] = size
+        self.ranges = Ranges(self.sizes)
+        return name
+
+    def loop_counters(self, node: Reduce, coords: Coords) -> tuple[str, ...]:
+        """A reduction over the domain itself, kept dimensions at their own counters, loops
+        over the domain's counters of its reduced dimensions: a persistent kernel then reads
+        each value once for the reduction and the outputs. Any other gets counters of its own."""
+        if tuple(node.source.shape) == self.domain:
+            kept = Reduction(node, coords, tuple(self.symbols[d] for d in node.dims), -1)
+            if kept.source_coords() == [Expr.of(s) for s in self.symbols]:
+                return kept.loop
+        # Reductions over one space for one row share their counters, so that one loop
+        # computes them all (a norm's mean and variance) and loads each value once.
+        space = (coords, node.reduced_shape)
+        if space not in self.loops:
+            self.loops[space] = tuple(self.fresh("l", size) for size in node.reduced_shape)
+        return self.loops[space]
+
+    def visit(self, value: Value, coords: Coords) -> frozenset[tuple[int, Coords]]:
+        """Walk `value` at `coords`; the reductions (by key) it reads, directly or not."""
+        key = (id(value), coords)
+        if key not in self.needs:
+            self.needs[key] = self._walk(value, coords)
+        return self.needs[key]
+
+    def _walk(self, value: Value, coords: Coords) -> frozenset[tuple[int, Coords]]:
+        if isinstance(value, Input | Constant):
+            return frozenset()
+        if isinstance(value, Elementwise | Cast):
+            return frozenset().union(*(self.visit(operand, tuple(broadcast_coords(
+                list(coords), value.shape, operand.shape))) for operand in value.operands()))
+        if isinstance(value, View):
+            return self.visit(value.source, tuple(value.source_coords(list(coords),
+                                                                      self.ranges)))
+        if isinstance(value, Gather):
+            picked = self.fresh("g", value.source.shape[value.dim])
+            source = list(coords)
+            source[value.dim] = Expr.of(picked)
+            return self.visit(value.index, coords) | self.visit(value.source, tuple(source))
+        if isinstance(value, Reduce):
+            reduction = Reduction(value, coords, self.loop_counters(value, coords), -1)
+            # Its source first: the reductions it needs come before it.
+            reduction.needs = set(self.visit(value.source, tuple(reduction.source_coords())))
+            reduction.index = len(self.reductions)
+            reduction.level = 1 + max((self.reductions[k].level for k in reduction.needs),
+                                      default=-1)
+            self.reductions[(id(value), coords)] = reduction
+            return frozenset({(id(value), coords)})
+        if isinstance(value, Scan):
+            self.scans.append((value, coords))
+            return self.visit(value.source, coords)
+        raise Unsupported(f"no kernel computes a {type(value).__name__}")
+
+
+def _try(graph: Graph, domain: tuple[int, ...]) -> Kernel | str:
+    """The kernel over `domain`, or why there is none."""
+    symbols = tuple(f"d{i}" for i in range(len(domain)))
+    sizes = dict(zip(symbols, domain, strict=True))
+    survey = _Survey(domain, symbols, sizes)
+    numel = math.prod(domain)
+    full = tuple(i for i, o in enumerate(graph.outputs) if o.numel == numel)
+    for i in full:
+        coords = reshape([Expr.of(s) for s in symbols], domain, graph.outputs[i].shape,
+                         survey.ranges)
+        survey.visit(graph.outputs[i], tuple(coords))
+    used: set[str] = set()
+    for reduction in survey.reductions.values():
+        for coord in reduction.coords:
+            used |= coord.symbols()
+    scan_dim = None
+    for scan, coords in survey.scans:
+        along = coords[scan.dim].symbols()
+        if len(along) != 1 or next(iter(along)) not in symbols:
+            return f"{scan.kind} along a dimension the domain does not walk as one counter"
+        scan_dim = symbols.index(next(iter(along)))
+        for d, coord in enumerate(coords):
+            if d != scan.dim:
+                used |= coord.symbols()
+    rows = tuple(d for d, s in enumerate(symbols) if s in used)
+    columns = tuple(d for d in range(len(domain)) if d not in rows)
+    if scan_dim is not None and columns != (scan_dim,):
+        return "a scan with other column dimensions than its own"
+    row_numel = math.prod(domain[d] for d in rows)
+    per_row = tuple(i for i, o in enumerate(graph.outputs)
+                    if (i not in full or not columns) and o.numel == row_numel)
+    if not columns:
+        full = ()  # every dimension a row one: the domain's outputs are stored per row
+    if len(full) + len(per_row) < len(graph.outputs):
+        return "an output of neither the domain's nor the rows' size"
+    kernel = Kernel(graph, domain, symbols, rows, columns, full, per_row, [], scan_dim,
+                    survey.ranges, survey.sizes)
+    for i in per_row:
+        survey.visit(graph.outputs[i], tuple(kernel.output_coords(i)))
+    row_symbols = {symbols[d] for d in rows}
+    for reduction in survey.reductions.values():
+        if any(not coord.symbols() <= row_symbols for coord in reduction.coords):
+            return "a reduction inside another reduction's loop"
+    kernel.reductions = sorted(survey.reductions.values(), key=lambda r: r.index)
+    kernel.ranges, kernel.sizes = survey.ranges, survey.sizes
+    return kernel
+
+
+def candidate_domains(graph: Graph) -> list[tuple[int, ...]]:
+    """Reductions' sources first (a norm's view of its groups), then the outputs, largest first."""
+    shapes = [v.source.shape for v in graph.values() if isinstance(v, Reduce)]
+    shapes += sorted((o.shape for o in graph.outputs), key=lambda s: -math.prod(s))
+    unique: list[tuple[int, ...]] = []
+    for shape in shapes:
+        if shape not in unique:
+            unique.append(tuple(shape))
+    return unique
+
+
+def plan(graph: Graph) -> Kernel:
+    """The site as one kernel, or Unsupported with why no domain worked."""
+    reasons = []
+    for domain in candidate_domains(graph):
+        found = _try(graph, domain)
+        if isinstance(found, Kernel):
+            return found
+        reasons.append(f"over {domain}: {found}")
+    raise Unsupported("no single kernel computes the site: " + "; ".join(reasons))

@@ -1,0 +1,105 @@
+"""How a planned kernel is laid out on the GPU: a separate object the search changes one setting at
+a time.
+
+A program takes `block_rows` rows and walks columns `block_columns` at a time, with `num_warps`
+warps. When every loop of a row (each reduction's, the columns') fits in one block of columns, the
+kernel is persistent: each row's values are loaded once and kept in registers from the first
+reduction to the stores. With `splits` above one, that many programs share each row's loops: each
+reduces its share into partial results, a launch per reduction level, and a last launch combines
+them and writes the outputs, its columns shared the same way (for rows too few to fill the GPU,
+a loss over a whole tensor, say). A kernel without reductions gives each program one block of
+columns.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from generators.compiler.plan import Kernel
+
+# Elements one program holds at once: more and a block spills its registers (a [rows, columns]
+# tile of fp32 at 8 warps, 256 threads, 64 values a thread).
+MAX_TILE = 16384
+MAX_PERSISTENT_COLUMNS = 16384
+# Fewer rows than this leave an H200's 132 SMs idle unless their loops are split; a loop this
+# long is worth a launch of its own per reduction level.
+FEW_ROWS = 512
+SPLIT_LOOP = 1 << 16
+
+
+@dataclass(frozen=True)
+class Schedule:
+    block_rows: int = 1
+    block_columns: int = 1024
+    num_warps: int = 4
+    splits: int = 1  # programs sharing each row's loops
+
+    def describe(self) -> str:
+        return (f"{self.block_rows} row(s) x {self.block_columns} columns a block, "
+                f"{self.num_warps} warps" + (f", each row's loops split over {self.splits} "
+                                             "programs" if self.splits > 1 else ""))
+
+    def fitted(self, kernel: Kernel) -> Schedule:
+        """This schedule within the kernel's sizes: no more rows a block than the kernel has
+        (one, when no dimension is a row one), no more splits than blocks of a loop."""
+        rows = min(self.block_rows, _pow2(kernel.row_count))
+        loop = max([r.size for r in kernel.reductions] + [kernel.column_count, 1])
+        splits = max(1, min(self.splits, -(-loop // self.block_columns)))
+        return replace(self, block_rows=rows, splits=splits)
+
+    def persistent(self, kernel: Kernel) -> bool:
+        """Every loop of a row fits in one block of columns, and one program does them."""
+        loops = [r.size for r in kernel.reductions] + [kernel.column_count]
+        return max(loops) <= self.block_columns and self.split_count(kernel) == 1
+
+    def split_count(self, kernel: Kernel) -> int:
+        """Programs sharing a row: the schedule's splits for reductions (one for scans, whose
+        running total crosses the whole row), one block of columns each without them."""
+        if kernel.scan_dim is not None:
+            return 1
+        if kernel.reductions:
+            return self.splits
+        return max(1, -(-kernel.column_count // self.block_columns))
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(n, 1))))
+
+
+def columns_contiguous(kernel: Kernel) -> bool:
+    """Whether the domain's innermost dimension is a column one: rows then read along rows."""
+    return bool(kernel.columns) and kernel.columns[-1] == len(kernel.domain) - 1
+
+
+def drafts(kernel: Kernel) -> list[tuple[Schedule, str]]:
+    """First schedules to try, from the kernel's shape, each with why."""
+    loop = max([r.size for r in kernel.reductions] + [kernel.column_count, 1])
+    rows = kernel.row_count
+    if not kernel.reductions and kernel.scan_dim is None:
+        return [(Schedule(1, 1024, 4), "elementwise: 1024 elements a program, 4 warps"),
+                (Schedule(1, 4096, 8), "elementwise: 4096 elements a program, 8 warps")]
+    if rows < FEW_ROWS and loop >= SPLIT_LOOP:
+        splits = max(2, min(FEW_ROWS // max(rows, 1), loop // SPLIT_LOOP))
+        return [(Schedule(1, 4096, 8, splits), f"{rows} row(s) of {loop} values: each row's "
+                                               f"loops split over {splits} programs"),
+                (Schedule(1, 2048, 4, splits * 2), f"{rows} row(s) of {loop} values: split "
+                                                   f"over {splits * 2} programs")]
+    if columns_contiguous(kernel):
+        if loop <= MAX_PERSISTENT_COLUMNS:
+            columns = _pow2(loop)
+            block_rows = max(1, min(_pow2(rows), MAX_TILE // columns, 16))
+            warps = 8 if columns * block_rows >= 4096 else 4
+            return [(Schedule(block_rows, columns, warps),
+                     f"persistent: each row's {loop} values in registers, {block_rows} row(s) a "
+                     "program"),
+                    (Schedule(1, columns, max(4, min(16, columns // 512))),
+                     "persistent, one row a program")]
+        return [(Schedule(1, 4096, 8), f"looped: rows of {loop} values walked 4096 at a time"),
+                (Schedule(1, 2048, 4), f"looped: rows of {loop} values walked 2048 at a time")]
+    # The innermost dimension is a row one: a program takes many rows, side by side in memory.
+    columns = min(_pow2(loop), 64)
+    return [(Schedule(64, max(1, min(columns, 32)), 4),
+             "rows side by side: 64 rows a program read along memory, 32 columns a step"),
+            (Schedule(128, max(1, min(columns, 16)), 8),
+             "rows side by side: 128 rows a program, 16 columns a step, 8 warps")]

@@ -1,0 +1,29 @@
+"""A site's planned kernel, made once per site problem and kept: every draft and child of the
+site is the same plan under another schedule."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from generators.compiler.lower import lower_problem
+from generators.compiler.plan import Kernel, plan
+from generators.site_graph import SiteGraph, Unsupported
+
+
+@functools.lru_cache(maxsize=64)
+def _planned(problem: Path, modified_ns: int) -> Kernel | Unsupported:
+    try:
+        return plan(lower_problem(problem))
+    except Unsupported as reason:
+        return reason
+
+
+def kernel_of(graph: SiteGraph) -> Kernel:
+    """The planned kernel of the site `graph` was read from, or Unsupported saying why not."""
+    if graph.problem is None:
+        raise Unsupported("the compiler plans kernels from a site problem file")
+    found = _planned(graph.problem.resolve(), graph.problem.stat().st_mtime_ns)
+    if isinstance(found, Unsupported):
+        raise found
+    return found

@@ -1,0 +1,358 @@
+"""The compiler's Triton backend: a planned kernel and its schedule written as Triton kernels and
+the `ModelNew` that launches them.
+
+Reductions of one level over one loop share that loop (a norm's mean and variance read each value
+once). A persistent kernel reduces whole tiles; a looped one keeps one accumulator a lane and
+folds the lanes after the loop; the variance then takes sums shifted by the loop's first value,
+which keeps it exact without a second pass. With splits (`Schedule.splits`), each reduction level
+is a launch whose programs store their share's partial results, and the next launch combines
+them; the last one stores the outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from generators.compiler.index import Expr, render, substitute
+from generators.compiler.plan import Kernel, Reduction
+from generators.compiler.schedule import Schedule, drafts
+from generators.compiler.site import kernel_of
+from generators.site_graph import SiteGraph, Unsupported
+from generators.triton.expressions import tl_dtype, with_jit_helpers
+from generators.triton.values import PROD_HELPER, ValueWriter, is_float
+
+NEUTRAL = {"sum": "0.0", "mean": "0.0", "prod": "1.0", "amax": "float('-inf')",
+           "amin": "float('inf')", "argmax": "float('-inf')", "argmin": "float('inf')"}
+_EXTREME = {"amax": ("tl.maximum", "tl.max"), "amin": ("tl.minimum", "tl.min")}
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One accumulator of a reduction, and its workspace when the loops are split."""
+
+    reduction: int
+    name: str  # "total", "shifted", "squares", "best", "at"
+    dtype: str
+
+
+def slots(reduction: Reduction) -> list[Slot]:
+    kind, i = reduction.node.kind, reduction.index
+    if kind == "var":
+        return [Slot(i, "shifted", "tl.float32"), Slot(i, "squares", "tl.float32")]
+    if kind in ("argmax", "argmin"):
+        return [Slot(i, "best", "tl.float32"), Slot(i, "at", "tl.int64")]
+    integral = not is_float(reduction.node.dtype) and kind in ("sum", "prod")
+    return [Slot(i, "total", "tl.int64" if integral else "tl.float32")]
+
+
+class KernelWriter(ValueWriter):
+    """One launch: with split loops, `phase` L below the levels computes level L's partial
+    results and the last phase the outputs; unsplit, the only phase does everything."""
+
+    def __init__(self, kernel: Kernel, schedule: Schedule, phase: int) -> None:
+        super().__init__(kernel)
+        self.schedule, self.phase, self.levels = schedule, phase, levels_of(kernel)
+        self.splits = schedule.split_count(kernel)
+        self.persistent = schedule.persistent(kernel)
+        self.workspaces = [s for r in kernel.reductions for s in slots(r)] if \
+            self.splits > 1 and kernel.reductions else []
+        self.rows = ""
+
+    # Loops over columns.
+    def columns(self, size: int, symbols: list[str], body: Callable[[], None]) -> None:
+        """`body()` over this program's share of `size` columns, BLOCK_COLUMNS at a time, with
+        `symbols` bound to each block's coordinates and the masks set. One block when the
+        kernel is persistent: the values it computes stay for what comes after."""
+        share = -(-size // self.splits)
+        chunk = -(-share // self.schedule.block_columns)  # blocks a program walks
+        insert_at, depth = len(self.lines), self.depth
+        saved_memo = dict(self.memo)
+        self.carries, self.after = [], []
+        start = f"tl.program_id(1) * {chunk * self.schedule.block_columns}"
+        if not self.persistent:
+            step = self.name("step")
+            self.line(f"for {step} in range({chunk}):")
+            self.depth += 1
+            start = f"{start} + {step} * BLOCK_COLUMNS"
+        base = "tl.arange(0, BLOCK_COLUMNS)[None, :]" + (".to(tl.int64)" if self.wide else "")
+        cols = self.let(f"{start} + {base}", "cols")
+        column_mask = self.let(f"{cols} < {size}", "cmask")
+        self.masks.update(column=column_mask,
+                          both=self.let(f"{self.masks['row']} & {column_mask}", "mask"))
+        self.counters(cols, symbols)
+        body()
+        for text in self.after:
+            self.line(text)
+        self.lines[insert_at:insert_at] = ["    " * depth + c for c in self.carries]
+        if not self.persistent:
+            self.depth -= 1
+            self.memo = saved_memo
+
+    # Reductions.
+    def level(self, reductions: list[Reduction]) -> None:
+        """Reductions of one level, one loop for each space they walk."""
+        spaces: dict[tuple[str, ...], list[Reduction]] = {}
+        for reduction in reductions:
+            spaces.setdefault(reduction.loop, []).append(reduction)
+        for group in spaces.values():
+            self.group(group)
+
+    def group(self, group: list[Reduction]) -> None:
+        """The accumulators of reductions walking one loop, filled in one pass."""
+        accumulators: dict[Slot, str] = {}
+        shifts: dict[int, str] = {}
+        for reduction in group:
+            if reduction.node.kind == "var" and not self.persistent:
+                zero = {s: Expr() for s in reduction.loop}
+                first = tuple(substitute(c, zero) for c in reduction.source_coords())
+                shifts[reduction.index] = self.value(reduction.node.source, first)
+            for slot in slots(reduction):
+                neutral = "0" if slot.name in ("at", "shifted", "squares") else NEUTRAL[
+                    reduction.node.kind]
+                accumulators[slot] = self.let(
+                    f"tl.full([BLOCK_ROWS, BLOCK_COLUMNS], {neutral}, {slot.dtype})", "acc")
+
+        def body() -> None:
+            for reduction in group:
+                value = self.value(reduction.node.source, tuple(reduction.source_coords()))
+                self.accumulate(reduction, value, accumulators, shifts.get(reduction.index))
+
+        self.columns(group[0].size, list(group[0].loop), body)
+        for reduction in group:
+            totals = self.fold(reduction, {s.name: accumulators[s] for s in slots(reduction)})
+            if self.splits > 1:
+                self.store_partials(reduction, totals)
+            else:
+                self.finish(reduction, totals)
+
+    def accumulate(self, reduction: Reduction, value: str, acc: dict[Slot, str],
+                   shift: str | None) -> None:
+        kind, mask = reduction.node.kind, self.masks["both"]
+        slot = {s.name: acc[s] for s in slots(reduction)}
+        if kind in ("argmax", "argmin"):
+            better = ">" if kind == "argmax" else "<"
+            best, at = slot["best"], slot["at"]
+            kept = self.let(f"tl.where({mask}, {value}, {NEUTRAL[kind]})")
+            take = self.let(f"({kept} {better} {best}) | (({kept} != {kept}) & "
+                            f"({best} == {best}))")
+            self.line(f"{best} = tl.where({take}, {kept}, {best})")
+            self.line(f"{at} = tl.where({take}, {self.bound[reduction.loop[0]]}, {at})")
+        elif kind == "var":
+            if shift is None:  # persistent: the tile is the whole row; fold does two passes
+                self.line(f"{slot['shifted']} = tl.where({mask}, {value}, 0.0)")
+                return
+            deviation = self.let(f"tl.where({mask}, {value} - {shift}, 0.0)")
+            self.line(f"{slot['shifted']} = {slot['shifted']} + {deviation}")
+            self.line(f"{slot['squares']} = {slot['squares']} + {deviation} * {deviation}")
+        else:
+            kept = self.let(f"tl.where({mask}, {value}, {NEUTRAL[kind]})")
+            total = slot["total"]
+            if kind in _EXTREME:
+                self.line(f"{total} = {_EXTREME[kind][0]}({total}, {kept}, "
+                          "propagate_nan=tl.PropagateNan.ALL)")
+            elif kind == "prod":
+                self.line(f"{total} = {total} * {kept}")
+            else:
+                self.line(f"{total} = {total} + {kept}")
+
+    def fold(self, reduction: Reduction, slot: dict[str, str]) -> dict[str, str]:
+        """The accumulators' lanes folded into [rows, 1] totals."""
+        kind = reduction.node.kind
+        if kind in ("argmax", "argmin"):
+            best, at = self.arg_fold(kind, slot["best"], slot["at"], reduction.size)
+            return {"best": best, "at": at}
+        if kind == "var" and self.persistent:
+            # The whole row is in the tile: its mean first, then the squared deviations.
+            tile, n = slot["shifted"], reduction.size
+            mean = self.let(f"tl.sum({tile}, axis=1)[:, None] / {float(n)!r}")
+            deviation = self.let(f"tl.where({self.masks['both']}, {tile} - {mean}, 0.0)")
+            squares = self.let(f"tl.sum({deviation} * {deviation}, axis=1)[:, None]")
+            return {"shifted": self.let(f"tl.zeros_like({squares})"), "squares": squares}
+        return {name: self.let(self.fold_one(kind, name, tile)) for name, tile in slot.items()}
+
+    @staticmethod
+    def fold_one(kind: str, name: str, tile: str) -> str:
+        if kind in _EXTREME:
+            return f"{_EXTREME[kind][1]}({tile}, axis=1)[:, None]"
+        if kind == "prod":
+            return f"tl.reduce({tile}, 1, _times)[:, None]"
+        return f"tl.sum({tile}, axis=1)[:, None]"
+
+    def arg_fold(self, kind: str, best: str, at: str, size: int) -> tuple[str, str]:
+        """The best value over the lanes and its first index; NaN counts as the best."""
+        nan = self.let(f"tl.max(({best} != {best}).to(tl.int32), axis=1)[:, None] > 0")
+        top = self.let(f"{_EXTREME['amax' if kind == 'argmax' else 'amin'][1]}(tl.where("
+                       f"{best} != {best}, {NEUTRAL[kind]}, {best}), axis=1)[:, None]")
+        chosen = self.let(f"tl.where({nan}, {best} != {best}, {best} == {top})")
+        index = self.let(f"tl.min(tl.where({chosen}, {at}, {size}), axis=1)[:, None]")
+        value = self.let(f"tl.where({nan}, float('nan'), {top})")
+        return value, index
+
+    def finish(self, reduction: Reduction, totals: dict[str, str]) -> None:
+        node, n = reduction.node, reduction.size
+        if node.kind in ("argmax", "argmin"):
+            result = totals["at"]
+        elif node.kind == "var":
+            s, q = totals["shifted"], totals["squares"]
+            result = self.let(f"({q} - {s} * {s} / {float(n)!r}) / "
+                              f"{float(max(n - node.correction, 0.0))!r}", "r")
+        elif node.kind == "mean":
+            result = self.let(f"{totals['total']} / {float(n)!r}", "r")
+        else:
+            result = totals["total"]
+        self.reduced[(id(node), reduction.coords)] = result
+
+    # Split loops: partial results through workspaces.
+    def workspace(self, slot: Slot) -> str:
+        return f"ws{self.workspaces.index(slot)}"
+
+    def store_partials(self, reduction: Reduction, totals: dict[str, str]) -> None:
+        for slot in slots(reduction):
+            self.line(f"tl.store({self.workspace(slot)} + {self.rows} * {self.splits} + "
+                      f"tl.program_id(1), {totals[slot.name]}, mask={self.masks['row']})")
+
+    def combine(self, reduction: Reduction) -> None:
+        """A reduction of an earlier launch: its partial results folded across the splits."""
+        width = 1 << (self.splits - 1).bit_length()
+        part = self.let(f"tl.arange(0, {width})[None, :]", "part")
+        mask = self.let(f"{self.masks['row']} & ({part} < {self.splits})", "pmask")
+        tiles = {}
+        for slot in slots(reduction):
+            neutral = "0" if slot.name in ("at", "shifted", "squares") else NEUTRAL[
+                reduction.node.kind]
+            tiles[slot.name] = self.let(
+                f"tl.load({self.workspace(slot)} + {self.rows} * {self.splits} + {part}, "
+                f"mask={mask}, other={neutral})", "part")
+        saved, self.masks["both"] = self.masks.get("both"), mask
+        totals = self.fold(reduction, tiles) if reduction.node.kind != "var" else {
+            name: self.let(f"tl.sum({tile}, axis=1)[:, None]") for name, tile in tiles.items()}
+        self.masks["both"] = saved
+        self.finish(reduction, totals)
+
+    # The launch.
+    def body(self) -> list[str]:
+        kernel = self.kernel
+        index = ".to(tl.int64)" if self.wide else ""
+        self.rows = self.let(f"tl.program_id(0){index} * BLOCK_ROWS + "
+                             "tl.arange(0, BLOCK_ROWS)[:, None]", "rows")
+        self.masks["row"] = self.let(f"{self.rows} < {kernel.row_count}", "rmask")
+        self.masks["both"] = self.masks["row"]
+        self.counters(self.rows, [kernel.symbols[d] for d in kernel.rows])
+        split = bool(self.workspaces)
+        final = not split or self.phase == self.levels
+        for level in range(self.levels if final else self.phase + 1):
+            reductions = [r for r in kernel.reductions if r.level == level]
+            if split and (level < self.phase or final):
+                for reduction in reductions:
+                    self.combine(reduction)
+            else:
+                self.level(reductions)
+        if final:
+            self.outputs()
+        return self.lines
+
+    def outputs(self) -> None:
+        kernel = self.kernel
+        if kernel.full:
+            self.columns(kernel.column_count, [kernel.symbols[d] for d in kernel.columns],
+                         lambda: self.store(kernel.full, "both"))
+        if kernel.per_row:
+            self.masks["both"] = self.masks["row"]
+            if self.splits > 1:  # one program of each row stores the row's own outputs
+                self.masks["row"] = self.let(f"{self.masks['row']} & (tl.program_id(1) == 0)")
+            self.store(kernel.per_row, "row")
+
+    def store(self, outputs: tuple[int, ...], mask: str) -> None:
+        for i in outputs:
+            output = self.kernel.graph.outputs[i]
+            value = self.value(output, tuple(self.kernel.output_coords(i)))
+            # An output of the rows' size lies in row order: its offset is the row counter.
+            offset = (self.render(self.kernel.output_offset(i)) if mask == "both" else self.rows)
+            self.line(f"tl.store(out{i} + {offset}, ({value}).to({tl_dtype(output.dtype)}), "
+                      f"mask={self.masks[mask]})")
+
+    def render(self, expr: Expr) -> str:
+        return render(expr, self.bound)
+
+
+_SOURCE = '''"""Kiln rules kernel (triton, compiled): {ops}. {schedule}."""
+
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+{helpers}
+{kernels}
+
+class ModelNew(nn.Module):
+    def forward(self, {params}):
+{checks}
+{allocations}
+{launches}
+        return {returns}
+'''
+
+
+def levels_of(kernel: Kernel) -> int:
+    return 1 + max((r.level for r in kernel.reductions), default=-1)
+
+
+def write_triton(kernel: Kernel, schedule: Schedule, ops: str) -> str:
+    """The candidate source: the kernels (one a reduction level when loops are split), and
+    `ModelNew` checking its inputs' layouts (the kernels are written for them), allocating
+    the outputs and the partial results, and launching each in turn."""
+    graph = kernel.graph
+    schedule = schedule.fitted(kernel)
+    splits = schedule.split_count(kernel)
+    levels = levels_of(kernel) if splits > 1 and kernel.reductions else 0
+    params = [f"in{v.index}" for v in graph.inputs]
+    outputs = [f"out{i}" for i in range(len(graph.outputs))]
+    kernels, launches, workspaces = [], [], []
+    for phase in range(levels + 1):
+        writer = KernelWriter(kernel, schedule, phase)
+        workspaces = [writer.workspace(s) for s in writer.workspaces]
+        arguments = params + outputs + workspaces
+        lines = writer.body()
+        kernels.append("\n".join(
+            ["@triton.jit", f"def site_kernel_{phase}({', '.join(arguments)}, "
+             "BLOCK_ROWS: tl.constexpr, BLOCK_COLUMNS: tl.constexpr):", *lines]) + "\n")
+        launches.append(
+            f"        site_kernel_{phase}[({-(-kernel.row_count // schedule.block_rows)}, "
+            f"{splits})]({', '.join(arguments)}, BLOCK_ROWS={schedule.block_rows}, "
+            f"BLOCK_COLUMNS={schedule.block_columns}, num_warps={schedule.num_warps})")
+    writer_slots = KernelWriter(kernel, schedule, levels).workspaces
+    source = with_jit_helpers("import triton.language as tl\n" + "\n\n".join(kernels))
+    source = source.removeprefix("import triton.language as tl\n")
+    helpers = [PROD_HELPER] if "_times" in source else []
+    checks = [f"assert tuple({p}.shape) == {tuple(v.shape)} and {p}.stride() == "
+              f"{tuple(v.stride)}, \"the kernel was written for {p} of shape {tuple(v.shape)} "
+              f"and strides {tuple(v.stride)}\"" for p, v in zip(params, graph.inputs,
+                                                                 strict=True)]
+    device = f"{params[0]}.device"
+    allocations = [f"out{i} = torch.empty({tuple(o.shape)}, device={device}, dtype={o.dtype})"
+                   for i, o in enumerate(graph.outputs)]
+    allocations += [f"{name} = torch.empty(({kernel.row_count}, {splits}), device={device}, "
+                    f"dtype=torch.{'int64' if slot.dtype == 'tl.int64' else 'float32'})"
+                    for name, slot in zip(workspaces, writer_slots, strict=True)]
+    return _SOURCE.format(
+        ops=ops, schedule=schedule.describe(), helpers="\n".join(helpers), kernels=source,
+        params=", ".join(params), checks="\n".join(" " * 8 + c for c in checks),
+        allocations="\n".join(" " * 8 + a for a in allocations),
+        launches="\n".join(launches),
+        returns=", ".join(outputs) if graph.returns_tuple else outputs[0])
+
+
+def write_compiled(graph: SiteGraph, schedule: Schedule) -> str:
+    """The rules' writer for any pointwise or reduction site the compiler plans."""
+    return write_triton(kernel_of(graph), schedule, " → ".join(op.name for op in graph.ops))
+
+
+def compiled_drafts(graph: SiteGraph) -> list[tuple[Schedule, str]]:
+    """The schedules to try first; where the compiler cannot plan the site, one default whose
+    writing says why."""
+    try:
+        return drafts(kernel_of(graph))
+    except Unsupported:
+        return [(Schedule(), "the compiler's default schedule")]
