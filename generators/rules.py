@@ -24,7 +24,6 @@ from generators.cuda.row_reduction import CudaReductionConfig, write_cuda_reduct
 from generators.mutations import diagnosed_neighbours
 from generators.site_graph import Ref, SiteGraph, Unsupported, load_site_graph
 from generators.triton.batch_norm import BatchNormConfig, write_batch_norm
-from generators.triton.compiled import compiled_drafts, write_compiled
 from generators.triton.conv import write_conv_epilogue
 from generators.triton.dim_reduction import (
     AUTO_SPLIT,
@@ -39,6 +38,7 @@ from generators.triton.dim_softmax import SOFTMAXES, DimSoftmaxConfig, write_dim
 from generators.triton.group_norm import GroupNormConfig, write_group_norm
 from generators.triton.matmul import MatmulConfig, write_triton_matmul
 from generators.triton.pointwise import PointwiseConfig, write_pointwise
+from generators.triton.program import compiled_drafts, write_compiled
 from generators.triton.row_reduction import RowConfig, write_row_reduction
 
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from generators.compiler.lower import lower_problem
-from generators.compiler.plan import plan
+from generators.compiler.program import plan_program
 from generators.compiler.schedule import Schedule, drafts
-from generators.triton.compiled import write_triton
+from generators.triton.program import write_program
 
 PROBLEM = '''import torch
 import torch.nn as nn
@@ -71,15 +71,16 @@ def check(tmp_path: Path, args: str, body: str, inputs: str) -> None:
     folder.mkdir()
     problem = folder / "problem.py"
     problem.write_text(PROBLEM.format(args=args, body=body, inputs=inputs))
-    kernel = plan(lower_problem(problem))
+    program = plan_program(lower_problem(problem))
+    main = max(program.steps, key=lambda step: step.kernel.row_count * step.kernel.column_count)
     reference = _module(problem, f"problem_{tmp_path.name}")
     torch.manual_seed(0)
     values = reference.get_inputs()
     expected = reference.Model()(*values)
-    schedules = [s for s, _ in drafts(kernel)] + list(FORCED)
+    schedules = [s for s, _ in drafts(main.kernel)] + list(FORCED)
     for k, schedule in enumerate(schedules):
         path = folder / f"kernel_{k}.py"
-        path.write_text(write_triton(kernel, schedule, body))
+        path.write_text(write_program(program, schedule, body))
         got = _module(path, f"kernel_{tmp_path.name}_{k}").ModelNew()(*values)
         pairs = (zip(got, expected, strict=True) if isinstance(expected, tuple)
                  else [(got, expected)])
@@ -157,6 +158,10 @@ def test_norms_and_their_epilogues(tmp_path, args, body, inputs):
      "torch.rand(6, 10) + 0.01, torch.rand(6, 10)"),
     ("p, t", "torch.mean(torch.clamp(1 - p * t, min=0))",
      "torch.randn(37), torch.randint(0, 2, (37,)).float() * 2 - 1"),
+    # A loss over rows that each need a log-softmax: two kernels, a buffer between them.
+    ("x, t", "F.cross_entropy(x, t)", "torch.randn(23, 10), torch.randint(0, 10, (23,))"),
+    ("x, t", "F.nll_loss(torch.log_softmax(x, 1), t, ignore_index=2)",
+     "torch.randn(19, 7), torch.randint(0, 7, (19,))"),
 ])
 def test_losses_over_a_whole_tensor(tmp_path, args, body, inputs):
     check(tmp_path, args, body, inputs)

@@ -1,4 +1,4 @@
-"""A site's planned kernel, made once per site problem and kept: every draft and child of the
+"""A site's planned kernels, made once per site problem and kept: every draft and child of the
 site is the same plan under another schedule."""
 
 from __future__ import annotations
@@ -7,20 +7,20 @@ import functools
 from pathlib import Path
 
 from generators.compiler.lower import lower_problem
-from generators.compiler.plan import Kernel, plan
+from generators.compiler.program import Program, plan_program
 from generators.site_graph import SiteGraph, Unsupported
 
 
 @functools.lru_cache(maxsize=64)
-def _planned(problem: Path, modified_ns: int) -> Kernel | Unsupported:
+def _planned(problem: Path, modified_ns: int) -> Program | Unsupported:
     try:
-        return plan(lower_problem(problem))
+        return plan_program(lower_problem(problem))
     except Unsupported as reason:
         return reason
 
 
-def kernel_of(graph: SiteGraph) -> Kernel:
-    """The planned kernel of the site `graph` was read from, or Unsupported saying why not."""
+def program_of(graph: SiteGraph) -> Program:
+    """The planned kernels of the site `graph` was read from, or Unsupported saying why not."""
     if graph.problem is None:
         raise Unsupported("the compiler plans kernels from a site problem file")
     found = _planned(graph.problem.resolve(), graph.problem.stat().st_mtime_ns)

@@ -16,11 +16,9 @@ from dataclasses import dataclass
 
 from generators.compiler.index import Expr, render, substitute
 from generators.compiler.plan import Kernel, Reduction
-from generators.compiler.schedule import Schedule, drafts
-from generators.compiler.site import kernel_of
-from generators.site_graph import SiteGraph, Unsupported
-from generators.triton.expressions import tl_dtype, with_jit_helpers
-from generators.triton.values import PROD_HELPER, ValueWriter, is_float
+from generators.compiler.schedule import Schedule
+from generators.triton.expressions import tl_dtype
+from generators.triton.values import ValueWriter, is_float
 
 NEUTRAL = {"sum": "0.0", "mean": "0.0", "prod": "1.0", "amax": "float('-inf')",
            "amin": "float('inf')", "argmax": "float('-inf')", "argmin": "float('inf')"}
@@ -276,83 +274,5 @@ class KernelWriter(ValueWriter):
         return render(expr, self.bound)
 
 
-_SOURCE = '''"""Kiln rules kernel (triton, compiled): {ops}. {schedule}."""
-
-import torch
-import torch.nn as nn
-import triton
-import triton.language as tl
-
-{helpers}
-{kernels}
-
-class ModelNew(nn.Module):
-    def forward(self, {params}):
-{checks}
-{allocations}
-{launches}
-        return {returns}
-'''
-
-
 def levels_of(kernel: Kernel) -> int:
     return 1 + max((r.level for r in kernel.reductions), default=-1)
-
-
-def write_triton(kernel: Kernel, schedule: Schedule, ops: str) -> str:
-    """The candidate source: the kernels (one a reduction level when loops are split), and
-    `ModelNew` checking its inputs' layouts (the kernels are written for them), allocating
-    the outputs and the partial results, and launching each in turn."""
-    graph = kernel.graph
-    schedule = schedule.fitted(kernel)
-    splits = schedule.split_count(kernel)
-    levels = levels_of(kernel) if splits > 1 and kernel.reductions else 0
-    params = [f"in{v.index}" for v in graph.inputs]
-    outputs = [f"out{i}" for i in range(len(graph.outputs))]
-    kernels, launches, workspaces = [], [], []
-    for phase in range(levels + 1):
-        writer = KernelWriter(kernel, schedule, phase)
-        workspaces = [writer.workspace(s) for s in writer.workspaces]
-        arguments = params + outputs + workspaces
-        lines = writer.body()
-        kernels.append("\n".join(
-            ["@triton.jit", f"def site_kernel_{phase}({', '.join(arguments)}, "
-             "BLOCK_ROWS: tl.constexpr, BLOCK_COLUMNS: tl.constexpr):", *lines]) + "\n")
-        launches.append(
-            f"        site_kernel_{phase}[({-(-kernel.row_count // schedule.block_rows)}, "
-            f"{splits})]({', '.join(arguments)}, BLOCK_ROWS={schedule.block_rows}, "
-            f"BLOCK_COLUMNS={schedule.block_columns}, num_warps={schedule.num_warps})")
-    writer_slots = KernelWriter(kernel, schedule, levels).workspaces
-    source = with_jit_helpers("import triton.language as tl\n" + "\n\n".join(kernels))
-    source = source.removeprefix("import triton.language as tl\n")
-    helpers = [PROD_HELPER] if "_times" in source else []
-    checks = [f"assert tuple({p}.shape) == {tuple(v.shape)} and {p}.stride() == "
-              f"{tuple(v.stride)}, \"the kernel was written for {p} of shape {tuple(v.shape)} "
-              f"and strides {tuple(v.stride)}\"" for p, v in zip(params, graph.inputs,
-                                                                 strict=True)]
-    device = f"{params[0]}.device"
-    allocations = [f"out{i} = torch.empty({tuple(o.shape)}, device={device}, dtype={o.dtype})"
-                   for i, o in enumerate(graph.outputs)]
-    allocations += [f"{name} = torch.empty(({kernel.row_count}, {splits}), device={device}, "
-                    f"dtype=torch.{'int64' if slot.dtype == 'tl.int64' else 'float32'})"
-                    for name, slot in zip(workspaces, writer_slots, strict=True)]
-    return _SOURCE.format(
-        ops=ops, schedule=schedule.describe(), helpers="\n".join(helpers), kernels=source,
-        params=", ".join(params), checks="\n".join(" " * 8 + c for c in checks),
-        allocations="\n".join(" " * 8 + a for a in allocations),
-        launches="\n".join(launches),
-        returns=", ".join(outputs) if graph.returns_tuple else outputs[0])
-
-
-def write_compiled(graph: SiteGraph, schedule: Schedule) -> str:
-    """The rules' writer for any pointwise or reduction site the compiler plans."""
-    return write_triton(kernel_of(graph), schedule, " → ".join(op.name for op in graph.ops))
-
-
-def compiled_drafts(graph: SiteGraph) -> list[tuple[Schedule, str]]:
-    """The schedules to try first; where the compiler cannot plan the site, one default whose
-    writing says why."""
-    try:
-        return drafts(kernel_of(graph))
-    except Unsupported:
-        return [(Schedule(), "the compiler's default schedule")]
