@@ -186,5 +186,12 @@ def m003_candidate_settings(db: Database) -> None:
     """The knobs a generator wrote a candidate with (JSON), so a resumed search can mutate it."""
     db.execute("ALTER TABLE candidates ADD COLUMN settings TEXT")
 
+
+@MIGRATIONS()
+def m004_site_declined(db: Database) -> None:
+    """Why the kernel compiler could not plan a site (NULL where it could): the op that
+    stopped it, as `--list-sites` shows it."""
+    db.execute("ALTER TABLE sites ADD COLUMN declined TEXT")
+
 # Every migration this code knows, in order: all of them are pending on an empty database.
 MIGRATION_NAMES = tuple(migration.name for migration in MIGRATIONS.pending(Database(memory=True)))

@@ -60,6 +60,7 @@ class Site:
     compile_ms: float | None
     floor_ms: float | None
     problem_source: str
+    declined: str | None = None  # why the kernel compiler could not plan the site
 
     @property
     def baseline_ms(self) -> float | None:

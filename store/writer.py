@@ -160,6 +160,7 @@ class Store(StoreReader):
         compile_ms: float | None,
         floor_ms: float | None,
         problem_source: str,
+        declined: str | None = None,
     ) -> int:
         if not 0.0 <= share <= 1.0:
             raise ValueError(f"share is a fraction of model time in [0, 1], not {share}")
@@ -176,6 +177,7 @@ class Store(StoreReader):
             "compile_ms": compile_ms,
             "floor_ms": floor_ms,
             "problem_source": problem_source,
+            "declined": declined,
             "created_at": utc_now(),
         }
         with write_transaction(self.db):

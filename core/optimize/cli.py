@@ -21,7 +21,7 @@ from core.optimize.config import (
 )
 from core.optimize.interrupt import EXIT_INTERRUPTED
 from core.optimize.markdown_report import write_markdown_report
-from core.optimize.report import print_search_table
+from core.optimize.report import note_declines, print_search_table
 from core.optimize.run import OptimizeRun
 from core.profile.load import DTYPES
 from core.profile.pipeline import ListSitesConfig, list_sites
@@ -255,7 +255,7 @@ def _settings_of_run(args: argparse.Namespace, given: set[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     if args.list_sites:
-        report = list_sites(_config(args).profile)
+        report = note_declines(list_sites(_config(args).profile))
         if args.json:
             print(json.dumps(report, indent=2))
         else:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from core.optimize.e2e import INDICATIVE, NOTHING_INSTALLED, correctness_text
+from generators.compiler.site import declined
 
 
 def _ms(value: float | None) -> str:
@@ -50,3 +52,15 @@ def print_end_to_end(e2e: dict, out=sys.stdout) -> None:
         print(row, file=out)
     for key, why in e2e["removed"].items():
         print(f"  {key} taken out: {why}", file=out)
+
+
+COMPILED_FAMILIES = ("pointwise", "reduction")
+
+
+def note_declines(report: dict) -> dict:
+    """Each pointwise and reduction site of a site report with why the kernel compiler cannot
+    plan it (`declined`, naming the op that stopped it), or None where it can."""
+    for site in report["sites"]:
+        if site["family"] in COMPILED_FAMILIES and site.get("problem"):
+            site["declined"] = declined(Path(site["problem"]))
+    return report

@@ -29,6 +29,7 @@ from core.evaluate.site_baseline import time_site
 from core.optimize.config import OptimizeConfig, minutes_spent, run_settings
 from core.optimize.e2e import EndToEnd, EndToEndCheck
 from core.optimize.interrupt import GracefulStop
+from core.optimize.report import note_declines
 from core.optimize.site_run import SiteRun, feedback_of
 from core.profile.pipeline import ProfiledModel, profile_sites
 from core.profile.progress import Progress
@@ -267,13 +268,13 @@ class OptimizeRun:
 
     def _add_sites(self, run_id: int, profiled: ProfiledModel) -> dict[str, int]:
         site_ids = {}
-        for record in profiled.report["sites"]:
+        for record in note_declines(profiled.report)["sites"]:
             site = next(s for s in profiled.table.sites if s.key == record["id"])
             site_ids[site.key] = self.store.add_site(
                 run_id, key=site.key, family=site.family, signature=site.problem.signature,
                 ops=list(site.problem.ops), calls=site.calls, share=record["share"],
                 time_ms=site.time_ms, eager_ms=None, compile_ms=None, floor_ms=site.floor_ms,
-                problem_source=site.problem.source)
+                problem_source=site.problem.source, declined=record.get("declined"))
         return site_ids
 
     def _restore(self, runs: list[SiteRun], stored: list[Candidate],

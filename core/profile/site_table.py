@@ -71,6 +71,8 @@ def print_site_table(report: dict, out=sys.stdout) -> None:
         print(f"{rank:>3} {site['share'] * 100:5.1f}% {site['time_ms']:9.3f} "
               f"{site['floor_ms']:9.4f} {site['family']:<10} {site['calls']:>5}  "
               f"{site['id']}  {_shorten(site['signature'], 70)}", file=out)
+        if site.get("declined"):
+            print(f"{'':>48}no kernel: {_shorten(site['declined'], 100)}", file=out)
     kept = report["kept_ms"] + report["outside_ms"]
     print(f"    {_percent(kept, captured):>6} {kept:9.3f}  kept with PyTorch "
           f"(views and glue inside graphs {report['kept_ms']:.3f} ms, "

@@ -27,3 +27,10 @@ def program_of(graph: SiteGraph) -> Program:
     if isinstance(found, Unsupported):
         raise found
     return found
+
+
+def declined(problem: Path) -> str | None:
+    """Why the compiler cannot plan the site problem at `problem`, naming the op that stopped
+    it; None when it can."""
+    found = _planned(problem.resolve(), problem.stat().st_mtime_ns)
+    return str(found) if isinstance(found, Unsupported) else None
