@@ -69,6 +69,20 @@ class Kernel:
     scan_dim: int | None
     ranges: Ranges
     sizes: dict[str, int] = field(default_factory=dict)  # every counter's extent
+    loads: list[tuple[Input, Coords]] = field(default_factory=list)  # every input read
+
+    def rows_contiguous(self) -> bool:
+        """Whether the largest input lies with the rows side by side in memory (a reduction
+        over a leading dimension): a program then takes many rows and few columns a step."""
+        if not self.loads:
+            return False
+        largest, coords = max(self.loads, key=lambda load: load[0].numel)
+        row_symbols = {self.symbols[d] for d in self.rows}
+        for coord, stride in zip(coords, largest.stride, strict=True):
+            if stride == 1 and coord.terms:
+                return bool(coord.symbols() & row_symbols) and not (
+                    coord.symbols() - row_symbols)
+        return False
 
     @property
     def row_count(self) -> int:
@@ -108,6 +122,7 @@ class _Survey:
         self.reductions: dict[tuple[int, Coords], Reduction] = {}
         self.scans: list[tuple[Scan, Coords]] = []
         self.needs: dict[tuple[int, Coords], frozenset[tuple[int, Coords]]] = {}
+        self.loads: list[tuple[Input, Coords]] = []
         self.loops: dict[tuple[Coords, tuple[int, ...]], tuple[str, ...]] = {}
 
     def fresh(self, prefix: str, size: int) -> str:
@@ -139,7 +154,10 @@ class _Survey:
         return self.needs[key]
 
     def _walk(self, value: Value, coords: Coords) -> frozenset[tuple[int, Coords]]:
-        if isinstance(value, Input | Constant):
+        if isinstance(value, Input):
+            self.loads.append((value, coords))
+            return frozenset()
+        if isinstance(value, Constant):
             return frozenset()
         if isinstance(value, Elementwise | Cast):
             return frozenset().union(*(self.visit(operand, tuple(broadcast_coords(
@@ -211,7 +229,7 @@ def _try(graph: Graph, domain: tuple[int, ...]) -> Kernel | str:
         if any(not coord.symbols() <= row_symbols for coord in reduction.coords):
             return "a reduction inside another reduction's loop"
     kernel.reductions = sorted(survey.reductions.values(), key=lambda r: r.index)
-    kernel.ranges, kernel.sizes = survey.ranges, survey.sizes
+    kernel.ranges, kernel.sizes, kernel.loads = survey.ranges, survey.sizes, survey.loads
     return kernel
 
 

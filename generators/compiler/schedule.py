@@ -67,11 +67,6 @@ def _pow2(n: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(n, 1))))
 
 
-def columns_contiguous(kernel: Kernel) -> bool:
-    """Whether the domain's innermost dimension is a column one: rows then read along rows."""
-    return bool(kernel.columns) and kernel.columns[-1] == len(kernel.domain) - 1
-
-
 def drafts(kernel: Kernel) -> list[tuple[Schedule, str]]:
     """First schedules to try, from the kernel's shape, each with why."""
     loop = max([r.size for r in kernel.reductions] + [kernel.column_count, 1])
@@ -85,7 +80,7 @@ def drafts(kernel: Kernel) -> list[tuple[Schedule, str]]:
                                                f"loops split over {splits} programs"),
                 (Schedule(1, 2048, 4, splits * 2), f"{rows} row(s) of {loop} values: split "
                                                    f"over {splits * 2} programs")]
-    if columns_contiguous(kernel):
+    if not kernel.rows_contiguous():
         if loop <= MAX_PERSISTENT_COLUMNS:
             columns = _pow2(loop)
             block_rows = max(1, min(_pow2(rows), MAX_TILE // columns, 16))

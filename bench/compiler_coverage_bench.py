@@ -1,0 +1,137 @@
+"""Which sites of the KernelBench development set the kernel compiler covers, and how well.
+
+    python -m bench.compiler_coverage_bench [PROBLEM ...] [--device cuda|cpu] [--shrink]
+                                            [--out DIR]
+
+Each problem (default: every file of bench/kernelbench_dev) is profiled as `--list-sites`
+profiles it; for each pointwise and reduction site, the compiler either declines (the table says
+why, naming the op) or writes its first draft, which the evaluator judges: correct or not, and on
+a GPU its time against the site's eager PyTorch. `--shrink` first makes every module-level size
+of a problem small (for the CPU, where Triton runs under its interpreter): the sites keep their
+ops, not their sizes. The table is printed and written to DIR/compiler_coverage.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from core.evaluate import EvalConfig, Evaluator  # noqa: E402
+from core.profile.pipeline import ListSitesConfig, list_sites  # noqa: E402
+from core.profile.in_situ import ProfileConfig  # noqa: E402
+from generators.compiler.site import declined  # noqa: E402
+from generators.rules import RulesGenerator  # noqa: E402
+
+DEV = Path(__file__).resolve().parent / "kernelbench_dev"
+FAMILIES = ("pointwise", "reduction")
+
+
+@dataclass
+class Row:
+    problem: str
+    site: str
+    signature: str
+    outcome: str  # "correct", "wrong: ...", "declined: ...", "no draft: ..."
+    speedup: float | None = None
+
+
+def shrunk(source: str) -> str:
+    """Module-level int sizes above 16 made 16 (17 when odd, to keep ragged tails)."""
+    lines = source.splitlines()
+    for node in ast.parse(source).body:
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)):
+            continue
+        values = node.value.elts if isinstance(node.value, ast.Tuple) else [node.value]
+        if not all(isinstance(v, ast.Constant) and type(v.value) is int for v in values):
+            continue
+        small = [v.value if v.value <= 16 else 16 + v.value % 2 for v in values]
+        text = f"({', '.join(map(str, small))},)" if isinstance(node.value, ast.Tuple) else \
+            str(small[0])
+        lines[node.lineno - 1] = f"{node.targets[0].id} = {text}"
+    return "\n".join(lines) + "\n"
+
+
+def sites_of(problem: Path, device: str, out: Path) -> list[dict]:
+    report = list_sites(ListSitesConfig(model=str(problem), device=device, out=out,
+                                        profile=ProfileConfig(warmup=1, trials=3), quiet=True))
+    return [s for s in report["sites"] if s["family"] in FAMILIES]
+
+
+def judge_sites(name: str, sites: list[dict], evaluator: Evaluator, timed: bool) -> list[Row]:
+    rows = []
+    generator = RulesGenerator()
+    for site in sites:
+        problem = Path(site["problem"])
+        row = Row(name, site["id"], site["signature"][:60], "")
+        reason = declined(problem)
+        if reason:
+            row.outcome = f"declined: {reason[:90]}"
+            rows.append(row)
+            continue
+        proposals = generator.propose(problem, None, 32)
+        compiled = [p for p in proposals.children if p.settings.get("writer") == "write_compiled"]
+        if not compiled:
+            row.outcome = f"no draft: {proposals.declined[:90]}"
+            rows.append(row)
+            continue
+        verdict = evaluator.evaluate(problem, compiled[0].source)
+        row.outcome = "correct" if verdict.correct else f"wrong: {verdict.reason[:90]}"
+        row.speedup = verdict.speedup if timed and verdict.correct else None
+        rows.append(row)
+    return rows
+
+
+def table(rows: list[Row]) -> str:
+    lines = ["| problem | site | signature | compiler | vs eager |", "| --- | --- | --- | --- | --- |"]
+    for r in rows:
+        speed = "-" if r.speedup is None else f"{r.speedup:.2f}x"
+        lines.append(f"| {r.problem} | {r.site} | {r.signature.replace('|', '/')} | "
+                     f"{r.outcome.replace('|', '/')} | {speed} |")
+    correct = sum(r.outcome == "correct" for r in rows)
+    refused = [r for r in rows if r.outcome.startswith("declined")]
+    lines.append(f"\n{len(rows)} pointwise and reduction sites: {correct} with a correct kernel, "
+                 f"{len(refused)} declined, {len(rows) - correct - len(refused)} otherwise.")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.compiler_coverage_bench",
+                                     description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("problems", nargs="*", type=Path)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--shrink", action="store_true")
+    parser.add_argument("--out", type=Path, default=Path("kiln-out/compiler-coverage"))
+    args = parser.parse_args()
+    problems = args.problems or sorted(DEV.glob("level*/*.py"))
+    rows: list[Row] = []
+    config = EvalConfig(device=args.device, time=args.device == "cuda")
+    with Evaluator(config, workers=2) as evaluator:
+        for problem in problems:
+            if args.shrink:
+                small = args.out / "problems" / problem.name
+                small.parent.mkdir(parents=True, exist_ok=True)
+                small.write_text(shrunk(problem.read_text()))
+                problem = small
+            try:
+                sites = sites_of(problem, args.device, args.out / "sites")
+            except Exception as err:  # a problem the profiler refuses is a row, not a stop
+                rows.append(Row(problem.stem, "-", "-", f"not profiled: {err}"[:120]))
+                continue
+            rows += judge_sites(problem.stem, sites, evaluator, args.device == "cuda")
+            print(table(rows[-len(sites):] if sites else []).splitlines()[-1], file=sys.stderr)
+    text = table(rows)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "compiler_coverage.md").write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
