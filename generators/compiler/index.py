@@ -217,15 +217,17 @@ def reshape(coords: list[Expr], shape: tuple[int, ...], source: tuple[int, ...],
         i, j = i + 1, j + 1
 
 
-def render(expr: Expr, name: Mapping[str, str]) -> str:
-    """`expr` as Python/Triton integer arithmetic, symbols written as `name` says."""
+def render(expr: Expr, name: Mapping[str, str], divide: str = "//") -> str:
+    """`expr` as integer arithmetic, symbols written as `name` says; `divide` is the language's
+    floor division of non-negative values (Python's and Triton's `//`, C's `/`)."""
     parts = []
     for atom, coef in expr.terms:
         if isinstance(atom, str):
             text = name[atom]
         else:
             kind, inner, k = atom
-            text = f"(({render(inner, name)}) {kind} {k})"
+            operator = divide if kind == "//" else "%"
+            text = f"(({render(inner, name, divide)}) {operator} {k})"
         parts.append(text if coef == 1 else f"{text} * {coef}")
     if expr.constant or not parts:
         parts.append(str(expr.constant))

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from generators.compiler.index import Expr, render, substitute
+from generators.compiler.index import Expr, substitute
 from generators.compiler.plan import Kernel, Reduction
 from generators.compiler.schedule import Schedule
 from generators.triton.expressions import tl_dtype
@@ -270,8 +270,6 @@ class KernelWriter(ValueWriter):
             self.line(f"tl.store(out{i} + {offset}, ({value}).to({tl_dtype(output.dtype)}), "
                       f"mask={self.masks[mask]})")
 
-    def render(self, expr: Expr) -> str:
-        return render(expr, self.bound)
 
 
 def levels_of(kernel: Kernel) -> int:
