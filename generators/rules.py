@@ -20,6 +20,7 @@ from generators.compiler.schedule import Schedule
 from generators.cuda.channel_norm import write_cuda_channel_norm
 from generators.cuda.cluster_shares import ClusterNormConfig, register_threads
 from generators.cuda.pointwise import CudaPointwiseConfig, write_cuda_pointwise
+from generators.cuda.program import write_cuda_compiled
 from generators.cuda.row_reduction import CudaReductionConfig, write_cuda_reduction
 from generators.mutations import diagnosed_neighbours
 from generators.site_graph import Ref, SiteGraph, Unsupported, load_site_graph
@@ -49,11 +50,23 @@ class Writer:
     write: Callable[[SiteGraph, object], str]
     settings_type: type
     drafts: Callable[[SiteGraph], list[tuple[object, str]]]  # settings and why
+    # Another tier's writer of the same settings: a kernel of it seeds this tier at its
+    # settings (the compiler's best Triton schedule, written in CUDA).
+    follows: str = ""
 
     def settings_of(self, proposal: Proposal) -> object | None:
         """The settings a proposal of this writer was made with, or None if not its own."""
         if proposal.settings.get("writer") != self.write.__name__:
             return None
+        return self._settings(proposal)
+
+    def carried(self, proposal: Proposal) -> object | None:
+        """The settings of a kernel this writer follows, or None."""
+        if not self.follows or proposal.settings.get("writer") != self.follows:
+            return None
+        return self._settings(proposal)
+
+    def _settings(self, proposal: Proposal) -> object:
         return self.settings_type(**{k: v for k, v in proposal.settings.items()
                                      if k != "writer"})
 
@@ -267,6 +280,10 @@ WRITERS = (
     Writer("reduction", "cuda", write_cuda_reduction, CudaReductionConfig, _cuda_row_drafts),
     Writer("reduction", "cuda", write_cuda_channel_norm, ClusterNormConfig,
            _cluster_norm_drafts),
+    Writer("pointwise", "cuda", write_cuda_compiled, Schedule, compiled_drafts,
+           follows="write_compiled"),
+    Writer("reduction", "cuda", write_cuda_compiled, Schedule, compiled_drafts,
+           follows="write_compiled"),
 )
 
 
@@ -317,6 +334,10 @@ class RulesGenerator:
             # No parent, or one from another tier or generator (a Triton kernel seeding the
             # CUDA tier): this tier's drafts, which the search hangs under that parent.
             candidates = [(w, s, why) for w in writers for s, why in w.drafts(graph)]
+            if parent is not None:
+                candidates = [(w, s, "the parent's settings, written in this tier")
+                              for w in writers
+                              if (s := w.carried(parent.proposal)) is not None] + candidates
         children: list[Proposal] = []
         reasons: dict[str, None] = {}  # each writer's reason once, in the writers' order
         for writer, settings, why in candidates:

@@ -63,7 +63,8 @@ class ValueEmitter:
 
     # What a backend writes its own way.
     def statement(self, target: str, text: str, kind: str) -> str:
-        """Declare `target` = `text`; `kind` is "float", "int" or "bool"."""
+        """Declare `target` = `text`; `kind` is "float", "int" (an integer tensor's value) or
+        "index" (a counter or offset)."""
         raise NotImplementedError
 
     def load(self, value: Input, coords: Coords) -> str:
@@ -103,7 +104,7 @@ class ValueEmitter:
             text = vector if inner == 1 else f"{vector} {self.divide} {inner}"
             if k > 0:
                 text = f"({text}) % {sizes[k]}"
-            self.bound[symbol] = self.let(text, "c", "int")
+            self.bound[symbol] = self.let(text, "c", "index")
 
     def mask_for(self, symbols: set[str]) -> str | None:
         rows, columns = bool(symbols & self.row_symbols), bool(symbols - self.row_symbols)

@@ -12,36 +12,17 @@ them; the last one stores the outputs.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from generators.compiler.index import Expr, substitute
+from generators.compiler.launches import Slot, levels_of, slots, workspace_slots
 from generators.compiler.plan import Kernel, Reduction
 from generators.compiler.schedule import Schedule
 from generators.triton.expressions import tl_dtype
-from generators.triton.values import ValueWriter, is_float
+from generators.triton.values import ValueWriter
 
 NEUTRAL = {"sum": "0.0", "mean": "0.0", "prod": "1.0", "amax": "float('-inf')",
            "amin": "float('inf')", "argmax": "float('-inf')", "argmin": "float('inf')"}
 _EXTREME = {"amax": ("tl.maximum", "tl.max"), "amin": ("tl.minimum", "tl.min")}
-
-
-@dataclass(frozen=True)
-class Slot:
-    """One accumulator of a reduction, and its workspace when the loops are split."""
-
-    reduction: int
-    name: str  # "total", "shifted", "squares", "best", "at"
-    dtype: str
-
-
-def slots(reduction: Reduction) -> list[Slot]:
-    kind, i = reduction.node.kind, reduction.index
-    if kind == "var":
-        return [Slot(i, "shifted", "tl.float32"), Slot(i, "squares", "tl.float32")]
-    if kind in ("argmax", "argmin"):
-        return [Slot(i, "best", "tl.float32"), Slot(i, "at", "tl.int64")]
-    integral = not is_float(reduction.node.dtype) and kind in ("sum", "prod")
-    return [Slot(i, "total", "tl.int64" if integral else "tl.float32")]
 
 
 class KernelWriter(ValueWriter):
@@ -53,8 +34,7 @@ class KernelWriter(ValueWriter):
         self.schedule, self.phase, self.levels = schedule, phase, levels_of(kernel)
         self.splits = schedule.split_count(kernel)
         self.persistent = schedule.persistent(kernel)
-        self.workspaces = [s for r in kernel.reductions for s in slots(r)] if \
-            self.splits > 1 and kernel.reductions else []
+        self.workspaces = workspace_slots(kernel, schedule)
         self.rows = ""
 
     # Loops over columns.
@@ -108,8 +88,8 @@ class KernelWriter(ValueWriter):
             for slot in slots(reduction):
                 neutral = "0" if slot.name in ("at", "shifted", "squares") else NEUTRAL[
                     reduction.node.kind]
-                accumulators[slot] = self.let(
-                    f"tl.full([BLOCK_ROWS, BLOCK_COLUMNS], {neutral}, {slot.dtype})", "acc")
+                accumulators[slot] = self.let(f"tl.full([BLOCK_ROWS, BLOCK_COLUMNS], {neutral}, "
+                                              f"{tl_dtype(slot.dtype)})", "acc")
 
         def body() -> None:
             for reduction in group:
@@ -270,7 +250,3 @@ class KernelWriter(ValueWriter):
             self.line(f"tl.store(out{i} + {offset}, ({value}).to({tl_dtype(output.dtype)}), "
                       f"mask={self.masks[mask]})")
 
-
-
-def levels_of(kernel: Kernel) -> int:
-    return 1 + max((r.level for r in kernel.reductions), default=-1)

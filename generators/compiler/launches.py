@@ -1,0 +1,135 @@
+"""What a compiled site's candidate does whatever language its kernels are in: the `ModelNew`
+checks its inputs' layouts, allocates outputs, buffers and workspaces, and launches each kernel
+of the program in turn, a launch per reduction level when a kernel's loops are split.
+
+The backends (`generators.triton.program`, `generators.cuda.program`) write the kernels and the
+launch statements; the rest of the forward is written here, once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from generators.compiler.plan import Kernel, Reduction
+from generators.compiler.program import Program
+from generators.compiler.schedule import Schedule, drafts
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One accumulator of a reduction, and its workspace when the loops are split."""
+
+    reduction: int
+    name: str  # "total", "shifted", "squares", "best", "at"
+    dtype: torch.dtype
+
+
+def slots(reduction: Reduction) -> list[Slot]:
+    kind, i = reduction.node.kind, reduction.index
+    if kind == "var":
+        return [Slot(i, "shifted", torch.float32), Slot(i, "squares", torch.float32)]
+    if kind in ("argmax", "argmin"):
+        return [Slot(i, "best", torch.float32), Slot(i, "at", torch.int64)]
+    integral = not reduction.node.dtype.is_floating_point and kind in ("sum", "prod")
+    return [Slot(i, "total", torch.int64 if integral else torch.float32)]
+
+
+def levels_of(kernel: Kernel) -> int:
+    return 1 + max((r.level for r in kernel.reductions), default=-1)
+
+
+def workspace_slots(kernel: Kernel, schedule: Schedule) -> list[Slot]:
+    """The partial results split loops pass between launches, one (rows, splits) tensor each."""
+    if schedule.split_count(kernel) > 1 and kernel.reductions:
+        return [s for r in kernel.reductions for s in slots(r)]
+    return []
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch: step `step`'s phase `phase`, and the forward's tensors it takes
+    (the kernel's inputs, outputs and workspaces, in that order)."""
+
+    step: int
+    phase: int
+    kernel: Kernel
+    schedule: Schedule
+    arguments: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return f"site_kernel_{self.step}_{self.phase}"
+
+    @property
+    def splits(self) -> int:
+        return self.schedule.split_count(self.kernel)
+
+
+@dataclass
+class Frame:
+    params: list[str]
+    checks: list[str]  # statements of the forward, in order
+    allocations: list[str]
+    launches: list[Launch]
+    returns: list[str]
+
+
+def main_step(program: Program) -> int:
+    """The step the search's schedule is for: the one walking the most elements."""
+    sizes = [math.prod(step.kernel.domain) for step in program.steps]
+    return sizes.index(max(sizes))
+
+
+def frame(program: Program, schedule: Schedule) -> Frame:
+    """The forward around the kernels. The largest kernel takes `schedule`; the others their
+    first draft."""
+    main = main_step(program)
+    first = program.steps[0].kernel.graph.inputs
+    inputs = sorted({r for step in program.steps for r in step.reads if r.startswith("in")},
+                    key=lambda r: int(r[2:]))
+    outputs = sorted({w for step in program.steps for w in step.writes
+                      if w.startswith("out")}, key=lambda w: int(w[3:]))
+    device = f"{inputs[0]}.device"
+    allocations = [f"{name} = torch.empty({tuple(value.shape)}, device={device}, "
+                   f"dtype={value.dtype})" for name, value in program.buffers.items()]
+    launches = []
+    for k, step in enumerate(program.steps):
+        kernel = step.kernel
+        chosen = (schedule if k == main else drafts(kernel)[0][0]).fitted(kernel)
+        for i, value in enumerate(kernel.graph.outputs):
+            if step.writes[i].startswith("out"):
+                allocations.append(f"{step.writes[i]} = torch.empty({tuple(value.shape)}, "
+                                   f"device={device}, dtype={value.dtype})")
+        workspaces = []
+        for j, slot in enumerate(workspace_slots(kernel, chosen)):
+            workspaces.append(f"ws{k}_{j}")
+            allocations.append(f"ws{k}_{j} = torch.empty(({kernel.row_count}, "
+                               f"{chosen.split_count(kernel)}), device={device}, "
+                               f"dtype={slot.dtype})")
+        phases = levels_of(kernel) if workspaces else 0
+        launches += [Launch(k, phase, kernel, chosen, tuple(step.reads + step.writes + workspaces))
+                     for phase in range(phases + 1)]
+    checks = []
+    for value in first:
+        name = f"in{value.index}"
+        shape, stride = tuple(value.shape), tuple(value.stride)
+        checks.append(f"assert tuple({name}.shape) == {shape} and {name}.stride() == {stride}, "
+                      f"\"the kernel was written for {name} of shape {shape} and strides "
+                      f"{stride}\"")
+    returns = outputs if program.steps[-1].kernel.graph.returns_tuple else outputs[:1]
+    return Frame([f"in{v.index}" for v in first], checks, allocations, launches, returns)
+
+
+def kernel_parameters(kernel: Kernel, workspaces: int) -> list[str]:
+    """The names a kernel calls its tensors: in<i>, out<i>, ws<i>."""
+    return ([f"in{v.index}" for v in kernel.graph.inputs]
+            + [f"out{i}" for i in range(len(kernel.graph.outputs))]
+            + [f"ws{j}" for j in range(workspaces)])
+
+
+def schedule_drafts(program: Program) -> list[tuple[Schedule, str]]:
+    """The schedules to try first, for the program's largest kernel."""
+    return drafts(program.steps[main_step(program)].kernel)

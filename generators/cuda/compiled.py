@@ -1,0 +1,313 @@
+"""The compiler's CUDA backend: a planned kernel and its schedule as CUDA C++ kernels, the second
+tier from the same IR and schedule as the Triton one (`generators.triton.compiled`).
+
+A block of `32 * num_warps` threads takes `block_rows` rows; the threads of a row (its lanes)
+walk its columns side by side, each keeping scalar accumulators, and fold them when the loop
+ends, with warp shuffles and, for rows wider than a warp, shared memory: every lane then holds
+the row's result. The variance keeps sums shifted by the row's first value. With splits, each
+reduction level is a launch whose blocks store their share's partial results, which the next
+launch folds, as in the Triton backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from generators.compiler.index import Expr, substitute
+from generators.compiler.launches import Slot, levels_of, slots, workspace_slots
+from generators.compiler.plan import Kernel, Reduction
+from generators.compiler.schedule import Schedule
+from generators.cuda.expressions import store_from_float
+from generators.cuda.values import CudaValues, element_type
+
+NEUTRAL = {"sum": "0.0f", "mean": "0.0f", "prod": "1.0f", "amax": "-INFINITY",
+           "amin": "INFINITY", "argmax": "-INFINITY", "argmin": "INFINITY"}
+FUNCTOR = {"sum": "Add", "mean": "Add", "var": "Add", "prod": "Times", "amax": "NanMax",
+           "amin": "NanMin"}
+# Device code every compiled CUDA kernel shares: the folds over a row's lanes (templates, so
+# C++ linkage inside the source's `extern "C"`).
+FOLDS = r"""
+extern "C++" {
+struct Add { template <class T> __device__ T operator()(T a, T b) const { return a + b; } };
+struct Times { template <class T> __device__ T operator()(T a, T b) const { return a * b; } };
+struct NanMax { __device__ float operator()(float a, float b) const { return nan_max(a, b); } };
+struct NanMin { __device__ float operator()(float a, float b) const { return nan_min(a, b); } };
+
+// `value` folded over the LANES lanes of a row (consecutive threads); every lane gets the
+// result. Rows wider than a warp meet in `shared`, one slot a warp.
+template <int LANES, class T, class F>
+__device__ __forceinline__ T fold_row(T value, F combine, long long* shared) {
+    constexpr int WIDTH = LANES < 32 ? LANES : 32;
+    for (int hop = 1; hop < WIDTH; hop <<= 1) {
+        value = combine(value, __shfl_xor_sync(0xffffffffu, value, hop, WIDTH));
+    }
+    if (LANES > 32) {
+        T* slots = reinterpret_cast<T*>(shared);
+        const int first = (threadIdx.x / LANES) * (LANES / 32);
+        if (threadIdx.x % 32 == 0) { slots[threadIdx.x / 32] = value; }
+        __syncthreads();
+        value = slots[first];
+        for (int w = 1; w < LANES / 32; ++w) { value = combine(value, slots[first + w]); }
+        __syncthreads();
+    }
+    return value;
+}
+
+// The better of two (value, index) pairs: NaN first, then the larger (smaller), then the
+// earlier index, as torch.argmax (argmin) picks.
+__device__ __forceinline__ void arg_pick(float& best, long long& at, float value, long long index,
+                                         bool largest) {
+    const bool nan_best = best != best, nan_value = value != value;
+    bool take;
+    if (nan_best || nan_value) {
+        take = nan_value && (!nan_best || index < at);
+    } else {
+        take = largest ? (value > best || (value == best && index < at))
+                       : (value < best || (value == best && index < at));
+    }
+    if (take) { best = value; at = index; }
+}
+
+template <int LANES>
+__device__ __forceinline__ void arg_fold_row(float& best, long long& at, bool largest,
+                                             long long* shared) {
+    constexpr int WIDTH = LANES < 32 ? LANES : 32;
+    for (int hop = 1; hop < WIDTH; hop <<= 1) {
+        const float other = __shfl_xor_sync(0xffffffffu, best, hop, WIDTH);
+        const long long where = __shfl_xor_sync(0xffffffffu, at, hop, WIDTH);
+        arg_pick(best, at, other, where, largest);
+    }
+    if (LANES > 32) {
+        float* values = reinterpret_cast<float*>(shared);
+        long long* indices = shared + 32;
+        const int first = (threadIdx.x / LANES) * (LANES / 32);
+        if (threadIdx.x % 32 == 0) {
+            values[threadIdx.x / 32] = best;
+            indices[threadIdx.x / 32] = at;
+        }
+        __syncthreads();
+        best = values[first];
+        at = indices[first];
+        for (int w = 1; w < LANES / 32; ++w) {
+            arg_pick(best, at, values[first + w], indices[first + w], largest);
+        }
+        __syncthreads();
+    }
+}
+}  // extern "C++"
+"""
+
+
+def _c_type(slot: Slot) -> str:
+    return "long long" if slot.dtype == torch.int64 else "float"
+
+
+class CudaKernelWriter(CudaValues):
+    """One launch of a planned kernel (phases as in the Triton backend)."""
+
+    def __init__(self, kernel: Kernel, schedule: Schedule, phase: int) -> None:
+        super().__init__(kernel)
+        self.schedule, self.phase, self.levels = schedule, phase, levels_of(kernel)
+        self.splits = schedule.split_count(kernel)
+        self.threads = 32 * schedule.num_warps
+        self.rows_per_block = min(schedule.block_rows, self.threads)
+        if kernel.scan_dim is not None:
+            # A scan runs along one warp's lanes: a row takes at most a warp.
+            self.rows_per_block = max(self.rows_per_block, self.threads // 32)
+        self.lanes = self.threads // self.rows_per_block
+        self.workspaces = workspace_slots(kernel, schedule)
+
+    def workspace(self, reduction: Reduction, name: str) -> str:
+        found = [j for j, slot in enumerate(self.workspaces)
+                 if slot.reduction == reduction.index and slot.name == name]
+        return f"ws{found[0]}"
+
+    def parameter_types(self) -> list[str]:
+        """The kernel's parameters, as the launch passes them."""
+        kernel = self.kernel
+        return ([f"const {element_type(v.dtype)}* __restrict__ in{v.index}"
+                 for v in kernel.graph.inputs]
+                + [f"{element_type(o.dtype)}* __restrict__ out{i}"
+                   for i, o in enumerate(kernel.graph.outputs)]
+                + [f"{_c_type(slot)}* __restrict__ ws{j}"
+                   for j, slot in enumerate(self.workspaces)])
+
+    def columns(self, size: int, symbols: list[str], body: Callable[[], None]) -> None:
+        """`body()` for this block's share of `size` columns, the lanes of a row side by side;
+        every lane runs every step (a lane past the end works on the last column and `inside`
+        says so), so that shuffles in the body see them all."""
+        share = -(-size // self.splits)
+        start, end = self.name("start"), self.name("end")
+        self.line(f"const {self.index} {start} = ({self.index})blockIdx.y * {share};")
+        self.line(f"const {self.index} {end} = {start} + {share} < {size} ? {start} + {share} "
+                  f": {size};")
+        insert_at, saved_memo = len(self.lines), dict(self.memo)
+        self.carries, self.after = [], []
+        base = self.name("base")
+        self.line(f"for ({self.index} {base} = {start}; {base} < {end}; {base} += LANES) {{")
+        self.depth += 1
+        column = self.let(f"{base} + lane", "col", "int")
+        inside = self.name("inside")
+        self.line(f"const bool {inside} = {column} < {end};")
+        clamped = self.let(f"{inside} ? {column} : {end} - 1", "c", "int")
+        self.masks.update(column=inside, both=inside)
+        self.counters(clamped, symbols)
+        body()
+        for text in self.after:
+            self.line(text)
+        self.depth -= 1
+        self.line("}")
+        self.lines[insert_at:insert_at] = ["    " * self.depth + c for c in self.carries]
+        self.memo = saved_memo
+
+    def accumulators(self, reduction: Reduction) -> dict[str, str]:
+        slot = {}
+        for each in slots(reduction):
+            target = self.name("acc")
+            start = ("0" if each.name in ("at", "shifted", "squares")
+                     else NEUTRAL[reduction.node.kind])
+            self.line(f"{_c_type(each)} {target} = {start};")
+            slot[each.name] = target
+        return slot
+
+    def level(self, reductions: list[Reduction]) -> None:
+        spaces: dict[tuple[str, ...], list[Reduction]] = {}
+        for reduction in reductions:
+            spaces.setdefault(reduction.loop, []).append(reduction)
+        for group in spaces.values():
+            self.group(group)
+
+    def group(self, group: list[Reduction]) -> None:
+        """Reductions walking one loop, their accumulators filled in one pass."""
+        shifts: dict[int, str] = {}
+        for reduction in group:
+            if reduction.node.kind == "var":
+                zero = {s: Expr() for s in reduction.loop}
+                first = tuple(substitute(c, zero) for c in reduction.source_coords())
+                shifts[reduction.index] = self.value(reduction.node.source, first)
+        slots = {r.index: self.accumulators(r) for r in group}
+
+        def body() -> None:
+            for reduction in group:
+                self.accumulate(reduction, slots[reduction.index], shifts.get(reduction.index))
+
+        self.columns(group[0].size, list(group[0].loop), body)
+        for reduction in group:
+            self.fold(reduction, slots[reduction.index])
+            if self.splits > 1:
+                self.store_partials(reduction, slots[reduction.index])
+            else:
+                self.finish(reduction, slots[reduction.index])
+
+    def accumulate(self, reduction: Reduction, slot: dict[str, str], shift: str | None) -> None:
+        kind = reduction.node.kind
+        value = self.value(reduction.node.source, tuple(reduction.source_coords()))
+        self.line(f"if ({self.masks['both']}) {{")
+        if kind in ("argmax", "argmin"):
+            self.line(f"    arg_pick({slot['best']}, {slot['at']}, {value}, "
+                      f"{self.bound[reduction.loop[0]]}, {str(kind == 'argmax').lower()});")
+        elif kind == "var":
+            self.line(f"    {slot['shifted']} += {value} - {shift};")
+            self.line(f"    {slot['squares']} += ({value} - {shift}) * ({value} - {shift});")
+        else:
+            total = slot["total"]
+            if slots(reduction)[0].dtype == torch.int64:  # a count of booleans, say
+                value = f"(long long)({value})"
+            self.line(f"    {total} = {FUNCTOR[kind]}()({total}, {value});")
+        self.line("}")
+
+    def fold(self, reduction: Reduction, slot: dict[str, str]) -> None:
+        """The lanes' accumulators folded into the row's totals, held by every lane."""
+        kind = reduction.node.kind
+        if kind in ("argmax", "argmin"):
+            self.line(f"arg_fold_row<LANES>({slot['best']}, {slot['at']}, "
+                      f"{str(kind == 'argmax').lower()}, fold_space);")
+            return
+        for total in slot.values():
+            self.line(f"{total} = fold_row<LANES>({total}, {FUNCTOR[kind]}(), fold_space);")
+
+    def finish(self, reduction: Reduction, slot: dict[str, str]) -> None:
+        node, n = reduction.node, reduction.size
+        if node.kind in ("argmax", "argmin"):
+            result = slot["at"]
+        elif node.kind == "var":
+            s, q = slot["shifted"], slot["squares"]
+            result = self.let(f"({q} - {s} * {s} / {float(n)!r}f) / "
+                              f"{float(max(n - node.correction, 0.0))!r}f", "r")
+        elif node.kind == "mean":
+            result = self.let(f"{slot['total']} / {float(n)!r}f", "r")
+        else:
+            result = slot["total"]
+        self.reduced[(id(node), reduction.coords)] = result
+
+    def store_partials(self, reduction: Reduction, slot: dict[str, str]) -> None:
+        for each in slots(reduction):
+            self.line(f"if (lane == 0 && row_ok) {{ {self.workspace(reduction, each.name)}"
+                      f"[row * {self.splits} + blockIdx.y] = {slot[each.name]}; }}")
+
+    def combine(self, reduction: Reduction) -> None:
+        """A reduction of an earlier launch: its partial results, folded over the splits."""
+        kind = reduction.node.kind
+        slot = self.accumulators(reduction)
+        self.line(f"for (int part = lane; part < {self.splits}; part += LANES) {{")
+        at = f"row * {self.splits} + part"
+        if kind in ("argmax", "argmin"):
+            self.line(f"    arg_pick({slot['best']}, {slot['at']}, "
+                      f"{self.workspace(reduction, 'best')}[{at}], "
+                      f"{self.workspace(reduction, 'at')}[{at}], "
+                      f"{str(kind == 'argmax').lower()});")
+        else:
+            for name, total in slot.items():
+                self.line(f"    {total} = {FUNCTOR[kind]}()({total}, "
+                          f"{self.workspace(reduction, name)}[{at}]);")
+        self.line("}")
+        self.fold(reduction, slot)
+        self.finish(reduction, slot)
+
+    # The launch.
+    def body(self) -> list[str]:
+        kernel = self.kernel
+        self.line(f"constexpr int LANES = {self.lanes};")
+        self.line("__shared__ long long fold_space[64];")
+        self.line("const int lane = threadIdx.x % LANES;")
+        self.line(f"const long long raw_row = (long long)blockIdx.x * {self.rows_per_block} + "
+                  "threadIdx.x / LANES;")
+        self.line(f"const bool row_ok = raw_row < {kernel.row_count};")
+        self.line(f"const {self.index} row = row_ok ? raw_row : {kernel.row_count - 1};")
+        self.counters("row", [kernel.symbols[d] for d in kernel.rows])
+        split = bool(self.workspaces)
+        final = not split or self.phase == self.levels
+        for level in range(self.levels if final else self.phase + 1):
+            reductions = [r for r in kernel.reductions if r.level == level]
+            if split and (level < self.phase or final):
+                for reduction in reductions:
+                    self.combine(reduction)
+            else:
+                self.level(reductions)
+        if final:
+            self.outputs()
+        return self.lines
+
+    def outputs(self) -> None:
+        kernel = self.kernel
+        if kernel.full:
+            def stores() -> None:
+                for i in kernel.full:
+                    self.store(i, f"row_ok && {self.masks['both']}", self.render(
+                        kernel.output_offset(i)))
+            self.columns(kernel.column_count, [kernel.symbols[d] for d in kernel.columns],
+                         stores)
+        for i in kernel.per_row:
+            guard = "row_ok && lane == 0" + (" && blockIdx.y == 0" if self.splits > 1 else "")
+            self.store(i, guard, "row")
+
+    def store(self, index: int, guard: str, offset: str) -> None:
+        output = self.kernel.graph.outputs[index]
+        value = self.value(output, tuple(self.kernel.output_coords(index)))
+        if output.dtype.is_floating_point or str(output.dtype) == "torch.bool":
+            text = store_from_float(output.dtype, value)
+        else:
+            text = f"({element_type(output.dtype)})({value})"
+        self.line(f"if ({guard}) {{ out{index}[{offset}] = {text}; }}")

@@ -1,0 +1,66 @@
+"""A compiled site's candidate source in CUDA C++: its kernels (`generators.cuda.compiled`) inside
+the forward every backend shares (`generators.compiler.launches`), compiled at construction with
+`core.runtime.cuda`."""
+
+from __future__ import annotations
+
+from generators.compiler.launches import frame
+from generators.compiler.program import Program
+from generators.compiler.schedule import Schedule
+from generators.compiler.site import program_of
+from generators.cuda.compiled import FOLDS, CudaKernelWriter
+from generators.cuda.expressions import HELPERS
+from generators.site_graph import SiteGraph
+
+_SOURCE = '''"""Kiln rules kernel (cuda, compiled): {ops}. {schedule}."""
+
+import torch
+import torch.nn as nn
+
+from core.runtime.cuda import load_kernel
+
+SOURCE = r"""{helpers}
+{kernels}
+"""
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.kernels = {{name: load_kernel(SOURCE, name, types) for name, types in {signatures}}}
+
+    def forward(self, {params}):
+{statements}
+{launches}
+        return {returns}
+'''
+
+
+def write_cuda_program(program: Program, schedule: Schedule, ops: str) -> str:
+    """The candidate source; the largest kernel takes `schedule`, the others their first
+    draft."""
+    forward = frame(program, schedule)
+    kernels, launches, signatures = [], [], []
+    for launch in forward.launches:
+        writer = CudaKernelWriter(launch.kernel, launch.schedule, launch.phase)
+        body = writer.body()
+        parameters = ",\n    ".join(writer.parameter_types())
+        kernels.append(f"__global__ void __launch_bounds__({writer.threads}) {launch.name}(\n"
+                       f"    {parameters})\n{{\n" + "\n".join(body) + "\n}\n")
+        signatures.append((launch.name, "P" * len(launch.arguments)))
+        blocks = -(-launch.kernel.row_count // writer.rows_per_block)
+        launches.append(f"        self.kernels[{launch.name!r}](grid=({blocks}, {launch.splits}, "
+                        f"1), block=({writer.threads}, 1, 1), args=("
+                        f"{', '.join(launch.arguments)},))")
+    return _SOURCE.format(
+        ops=ops, schedule=schedule.describe(), helpers=HELPERS + FOLDS,
+        kernels="\n".join(kernels), signatures=tuple(signatures),
+        params=", ".join(forward.params),
+        statements="\n".join(" " * 8 + s for s in forward.checks + forward.allocations),
+        launches="\n".join(launches), returns=", ".join(forward.returns))
+
+
+def write_cuda_compiled(graph: SiteGraph, schedule: Schedule) -> str:
+    """The rules' CUDA writer for any pointwise or reduction site the compiler plans."""
+    return write_cuda_program(program_of(graph), schedule,
+                              " → ".join(op.name for op in graph.ops))

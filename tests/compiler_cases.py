@@ -1,0 +1,182 @@
+"""Sites the kernel compiler must handle, shared by its backends' tests: every reduction kind over
+any axes, scans, norms, losses and elementwise chains, in fp32, fp16 and bf16 on odd shapes; and
+how a backend's candidates are written and held against the problem's own Model."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from generators.compiler.lower import lower_problem
+from generators.compiler.program import Program, plan_program
+from generators.compiler.schedule import Schedule, drafts
+
+PROBLEM = '''import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    def forward(self, {args}):
+        return {body}
+
+
+def get_inputs():
+    return [{inputs}]
+
+
+def get_init_inputs():
+    return []
+'''
+# Relative to the reference's scale, as the evaluator holds kernels (core.evaluate.correctness).
+TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+# Beyond each kernel's drafts: a few rows a block, and each row split over three programs.
+FORCED = (Schedule(2, 8, 4), Schedule(1, 8, 4, splits=3))
+DTYPES = {"fp32": "torch.float32", "fp16": "torch.float16", "bf16": "torch.bfloat16"}
+
+
+@dataclass(frozen=True)
+class Case:
+    args: str
+    body: str
+    inputs: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.body} of {self.inputs}"
+
+
+REDUCTIONS = ["sum", "mean", "amax", "amin", "prod", "var", "std"]
+AXES = {"last": "-1", "middle": "1", "first": "0", "two": "(0, 2)", "all": "(0, 1, 2)"}
+
+
+def _reduction(kind: str, axes: str) -> Case:
+    call = f"torch.{kind}(x, dim={AXES[axes]})"
+    if kind == "prod" and axes in ("two", "all"):
+        call = f"torch.prod(x, dim={AXES[axes][-2]})"  # prod takes one dimension
+    scale = "0.5 + torch.rand" if kind == "prod" else "torch.randn"
+    return Case("x", call, f"{scale}(5, 7, 9)")
+
+
+REDUCTION_CASES = [_reduction(kind, axes) for kind, axes in itertools.product(REDUCTIONS, AXES)]
+FUSED_CASES = [Case("x", body, f"torch.randn(4, 11, 13, dtype={dtype})")
+               for body in ["torch.sum(x, dim=1, keepdim=True) * 0.5 + x",
+                            "torch.softmax(x, dim=-1)",
+                            "torch.log_softmax(x, dim=1)",
+                            "torch.logsumexp(x, dim=2)",
+                            "F.layer_norm(x, x.shape[1:])"]
+               for dtype in DTYPES.values()]
+# Few distinct values, so that ties are common and the first one must win.
+ARG_CASES = [Case("x", f"torch.{kind}(x, dim={dim})", "torch.randint(0, 4, (6, 9, 5)).float()")
+             for kind in ("argmax", "argmin") for dim in (0, 1, 2)]
+SCAN_CASES = [
+    Case("x", "torch.cumsum(x, dim=1)", "torch.randn(5, 37)"),
+    Case("x", "torch.cumsum(x, dim=0)", "torch.randn(29, 3)"),
+    Case("x, m", "torch.cumsum(x * m, dim=1)", "torch.randn(4, 21), torch.rand(4, 21) > 0.5"),
+    Case("x", "torch.cumprod(x, dim=-1)", "0.9 + 0.2 * torch.rand(3, 17)"),
+]
+NORM_CASES = [
+    Case("x, w, b", "F.layer_norm(x, (24,), w, b)",
+         "torch.randn(9, 24), torch.randn(24), torch.randn(24)"),
+    Case("x", "F.layer_norm(x, (3, 5, 7))", "torch.randn(4, 3, 5, 7)"),
+    Case("x, w", "x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w",
+         "torch.randn(6, 40), torch.randn(40)"),
+    Case("x, w, b", "F.group_norm(x, 3, w, b)",
+         "torch.randn(2, 12, 5, 3), torch.randn(12), torch.randn(12)"),
+    Case("x", "F.instance_norm(x)", "torch.randn(3, 4, 7, 5)"),
+    Case("x, w, b", "F.batch_norm(x, None, None, w, b, training=True)",
+         "torch.randn(6, 5, 3, 3), torch.randn(5), torch.randn(5)"),
+    Case("x", "x / torch.norm(x, p=2, dim=1, keepdim=True)", "torch.randn(7, 33)"),
+    Case("x", "x / torch.sum(torch.abs(x), dim=1, keepdim=True)", "torch.randn(7, 33)"),
+    Case("x", "x / torch.norm(x, p='fro')", "torch.randn(5, 6, 7)"),
+    Case("x", "torch.max(x, dim=1)", "torch.randn(8, 19)"),
+]
+LOSS_CASES = [
+    Case("p, t", "torch.mean((p - t) ** 2)", "torch.randn(13, 17), torch.randn(13, 17)"),
+    Case("p, t", "F.smooth_l1_loss(p, t)", "torch.randn(13, 17), torch.randn(13, 17)"),
+    Case("p, t", "F.huber_loss(p, t, delta=0.5)", "torch.randn(13, 17), torch.randn(13, 17)"),
+    Case("p, t", "F.kl_div(torch.log(p), t, reduction='batchmean')",
+         "torch.rand(6, 10) + 0.01, torch.rand(6, 10)"),
+    Case("p, t", "torch.mean(torch.clamp(1 - p * t, min=0))",
+         "torch.randn(37), torch.randint(0, 2, (37,)).float() * 2 - 1"),
+    # A loss over rows that each need a log-softmax: two kernels, a buffer between them.
+    Case("x, t", "F.cross_entropy(x, t)", "torch.randn(23, 10), torch.randint(0, 10, (23,))"),
+    Case("x, t", "F.nll_loss(torch.log_softmax(x, 1), t, ignore_index=2)",
+         "torch.randn(19, 7), torch.randint(0, 7, (19,))"),
+]
+ELEMENTWISE_CASES = [
+    Case("x", "F.gelu(x) * 2 - 1", "torch.randn(33, 45)"),
+    Case("x, b", "torch.sigmoid(x + b) * x", "torch.randn(3, 8, 5), torch.randn(8, 1)"),
+    Case("x, m", "torch.where(m, x, 0.0).sum(-1)",
+         "torch.randn(9, 31), torch.rand(9, 31) > 0.3"),
+    Case("x", "F.softplus(x).t().sum(1)", "torch.randn(30, 20)"),
+]
+ALL_CASES = (REDUCTION_CASES + FUSED_CASES + ARG_CASES + SCAN_CASES + NORM_CASES + LOSS_CASES
+             + ELEMENTWISE_CASES)
+
+
+def load_module(path: Path, name: str) -> object:
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def compare(got: torch.Tensor, want: torch.Tensor, where: str) -> None:
+    """`got` matches `want` within the dtype's tolerance, relative to the reference's scale;
+    the failure names the worst element."""
+    assert got.shape == want.shape and got.dtype == want.dtype, (
+        f"{where}: {got.dtype}{tuple(got.shape)} against {want.dtype}{tuple(want.shape)}")
+    got, want = got.cpu(), want.cpu()
+    if not want.is_floating_point():
+        assert torch.equal(got, want), f"{where}: {got.flatten()[:8]} against {want.flatten()[:8]}"
+        return
+    g, w = got.double(), want.double()
+    assert torch.equal(g.isnan(), w.isnan()), f"{where}: NaN where the reference has none"
+    finite = w.isfinite()
+    scale = w[finite].abs().max() if finite.any() else torch.tensor(1.0)
+    error = ((g - w).abs() / (scale + w.abs())).nan_to_num(0.0)
+    worst = int(error.argmax())
+    assert error.max() <= TOLERANCE[want.dtype], (
+        f"{where}: worst relative error {float(error.max()):.3g} at flat index {worst}: got "
+        f"{float(g.flatten()[worst])!r}, expected {float(w.flatten()[worst])!r}")
+
+
+def write_problem(folder: Path, case: Case) -> tuple[Path, Program]:
+    folder.mkdir(parents=True, exist_ok=True)
+    problem = folder / "problem.py"
+    problem.write_text(PROBLEM.format(args=case.args, body=case.body, inputs=case.inputs))
+    return problem, plan_program(lower_problem(problem))
+
+
+def schedules_of(program: Program) -> list[Schedule]:
+    """The largest kernel's drafts, then the forced schedules."""
+    main = max(program.steps, key=lambda step: step.kernel.row_count * step.kernel.column_count)
+    return [s for s, _ in drafts(main.kernel)] + list(FORCED)
+
+
+Writer = Callable[[Program, Schedule, str], str]
+
+
+def check(folder: Path, case: Case, write: Writer, device: str = "cpu") -> None:
+    """Each schedule's candidate for `case` matches the problem's own Model on the same inputs,
+    run on `device`."""
+    problem, program = write_problem(folder, case)
+    reference = load_module(problem, f"problem_{folder.name}")
+    torch.manual_seed(0)
+    values = reference.get_inputs()
+    expected = reference.Model()(*values)
+    values = [v.to(device) for v in values]
+    for k, schedule in enumerate(schedules_of(program)):
+        path = folder / f"kernel_{k}.py"
+        path.write_text(write(program, schedule, case.body))
+        got = load_module(path, f"kernel_{folder.name}_{k}").ModelNew()(*values)
+        pairs = (zip(got, expected, strict=True) if isinstance(expected, tuple)
+                 else [(got, expected)])
+        for i, (g, w) in enumerate(pairs):
+            compare(g, w, f"{case.body} under {schedule.describe()}, output {i}")

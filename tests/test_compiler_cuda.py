@@ -1,0 +1,94 @@
+"""The kernel compiler's CUDA backend: every case of `compiler_cases` under each schedule compiles
+for sm_90 with nvcc (one translation unit, so the whole set costs one compiler run), and on a GPU
+matches PyTorch."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from core.runtime.cuda import nvcc_check
+from generators.base import Parent
+from generators.compiler.schedule import Schedule
+from generators.cuda.compiled import FOLDS
+from generators.cuda.expressions import HELPERS
+from generators.cuda.program import write_cuda_program
+from generators.rules import RulesGenerator
+from generators.site_graph import Unsupported
+from tests.compiler_cases import ALL_CASES, Case, check, load_module, schedules_of, write_problem
+
+# Scans in the CUDA tier are sums; a running product stays with the Triton tier.
+CUDA_CASES = [case for case in ALL_CASES if "cumprod" not in case.body]
+
+
+def _kernels(folder: Path, n: int, case: Case) -> list[tuple[str, str]]:
+    """Each schedule's kernels for `case` without the shared helpers, renamed apart, each with
+    what it is."""
+    _, program = write_problem(folder, case)
+    found = []
+    for k, schedule in enumerate(schedules_of(program)):
+        path = folder / f"kernel_{k}.py"
+        path.write_text(write_cuda_program(program, schedule, case.body))
+        source = load_module(path, f"cuda_{folder.name}_{n}_{k}").SOURCE
+        kernels = source.removeprefix(HELPERS + FOLDS)
+        assert kernels != source, "every compiled CUDA source starts with the shared helpers"
+        found.append((f"{case.id} under {schedule.describe()}",
+                      kernels.replace("site_kernel_", f"case{n}_{k}_site_kernel_")))
+    return found
+
+
+def test_every_case_compiles_for_hopper(tmp_path):
+    parts, starts = [HELPERS + FOLDS], []
+    for n, case in enumerate(CUDA_CASES):
+        for what, kernels in _kernels(tmp_path / f"case{n}", n, case):
+            starts.append((sum(p.count("\n") + 1 for p in parts) + 1, what))
+            parts.append(kernels)
+    ok, log = nvcc_check("\n".join(parts))
+    if not ok:
+        errors = []
+        for match in re.finditer(r"kernel\.cu\((\d+)\): error: (.*)", log):
+            line = int(match.group(1))
+            what = max((s for s in starts if s[0] <= line), default=(0, "the helpers"))[1]
+            errors.append(f"{what}: {match.group(2)}")
+        pytest.fail("nvcc rejected compiled kernels:\n" + "\n".join(errors or [log[-3000:]]))
+
+
+def test_a_running_product_is_declined_with_the_reason(tmp_path):
+    case = next(c for c in ALL_CASES if "cumprod" in c.body)
+    _, program = write_problem(tmp_path, case)
+    with pytest.raises(Unsupported, match="cumprod in the CUDA tier"):
+        write_cuda_program(program, Schedule(), case.body)
+
+
+def test_the_candidate_states_its_launch_geometry(tmp_path):
+    case = Case("x", "torch.softmax(x, dim=-1)", "torch.randn(300, 70)")
+    _, program = write_problem(tmp_path, case)
+    source = write_cuda_program(program, Schedule(4, 64, 4), case.body)
+    # 4 rows of 32 lanes a block of 128 threads: 75 blocks cover the 300 rows.
+    assert "grid=(75, 1, 1), block=(128, 1, 1)" in source
+    assert "__launch_bounds__(128)" in source
+    assert "constexpr int LANES = 32;" in source
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CUDA_CASES, ids=[c.id for c in CUDA_CASES])
+def test_every_case_matches_pytorch_on_the_gpu(tmp_path, case):
+    check(tmp_path / "site", case, write_cuda_program, device="cuda")
+
+
+def test_a_compiled_triton_kernel_seeds_the_cuda_tier_at_its_schedule(tmp_path):
+    problem, _ = write_problem(tmp_path, Case("x", "torch.softmax(x, dim=-1)",
+                                              "torch.randn(300, 70)"))
+    generator = RulesGenerator()
+    triton = [c for c in generator.propose(problem, None, n=20).children
+              if c.settings["writer"] == "write_compiled"]
+    chosen = triton[-1]
+    cuda = generator.propose(problem, Parent(chosen), n=3, tiers=("cuda",)).children
+    first = cuda[0]
+    assert first.tier == "cuda" and first.settings["writer"] == "write_cuda_compiled"
+    assert {k: v for k, v in first.settings.items() if k != "writer"} == {
+        k: v for k, v in chosen.settings.items() if k != "writer"}
+    assert first.rationale == "the parent's settings, written in this tier"
+    assert "load_kernel(SOURCE" in first.source
