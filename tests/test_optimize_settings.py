@@ -86,3 +86,15 @@ def test_minutes_spent_run_from_start_to_last_sign_of_life(tmp_path):
     assert minutes_spent(replace(run, finished_at=None, heartbeat_at=five_later)) \
         == pytest.approx(5.0)
     assert minutes_spent(replace(run, finished_at=five_later)) == pytest.approx(5.0)
+
+
+def test_memory_gb_bounds_what_judging_holds_on_each_gpu():
+    config = _config(_parse([MODEL, "--device", "cpu", "--memory-gb", "1.5"]))
+    assert config.memory_gb == 1.5
+    assert config.eval_config().memory_bytes == int(1.5 * 2**30)
+    assert _config(_parse([MODEL, "--device", "cpu"])).eval_config().memory_bytes is None
+
+
+def test_memory_gb_must_be_positive():
+    with pytest.raises(KilnInputError, match="--memory-gb 0.0 is not positive"):
+        _parse([MODEL, "--device", "cpu", "--memory-gb", "0"])

@@ -105,6 +105,9 @@ def _parser() -> argparse.ArgumentParser:
     search.add_argument("--workers", type=int, default=2,
                         help="evaluation worker processes in all, spread over the GPUs round "
                         "robin (local executor)")
+    search.add_argument("--memory-gb", type=float, metavar="GB",
+                        help="device memory the evaluation workers of one GPU may hold at once, "
+                        "GiB (default: what the GPU has free when judging starts)")
     search.add_argument("--gpus", help="comma-separated GPU indices the workers run on, e.g. "
                         "0,1 (default: every visible GPU; local executor)")
     search.add_argument("--executor", choices=["local", "ray"], default="local",
@@ -157,6 +160,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     if args.counters < 0:
         raise KilnInputError(f"--counters {args.counters} is negative",
                              "pass how many of each site's best kernels to profile, e.g. 3")
+    if args.memory_gb is not None and args.memory_gb <= 0:
+        raise KilnInputError(f"--memory-gb {args.memory_gb} is not positive",
+                             "pass the GiB of device memory judging may hold, e.g. 40")
     if args.trials < 1 or args.warmup < 0 or args.batch < 1 or args.seq_len < 1:
         raise KilnInputError("--trials, --batch and --seq-len must be positive, --warmup >= 0",
                              "pass positive counts")
@@ -168,7 +174,8 @@ def _config(args: argparse.Namespace) -> OptimizeConfig:
     base = OptimizeConfig(
         profile=ListSitesConfig(model=args.model, device=args.device,
                                 quiet=args.json and not args.list_sites),
-        db=args.db, workers=args.workers, gpus=args.gpus, executor=args.executor,
+        db=args.db, workers=args.workers, gpus=args.gpus, memory_gb=args.memory_gb,
+        executor=args.executor,
         ray_address=args.ray_address,
         llm=LlmConfig(base_url=args.llm_base_url, temperature=args.llm_temperature,
                       max_tokens=args.llm_max_tokens, timeout_s=args.llm_timeout,

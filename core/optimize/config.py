@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
+from core.evaluate import EvalConfig
 from core.profile.in_situ import ProfileConfig
 from core.profile.load import BuiltinShape
 from core.profile.pipeline import ListSitesConfig
@@ -43,6 +44,7 @@ class OptimizeConfig:
     cuda_share: float = 0.10
     workers: int = 1
     gpus: tuple[int, ...] | None = None  # local executor: GPUs to spread workers over; None: all
+    memory_gb: float | None = None  # device memory judging may hold per GPU; None: what is free
     executor: str = "local"  # "local": worker processes here; "ray": Ray tasks on a cluster
     ray_address: str | None = None  # None: start a Ray instance on this machine
     search: SearchConfig = SearchConfig()
@@ -54,6 +56,11 @@ class OptimizeConfig:
     # only verdicts and timings.
     feedback: bool = True
     counters: int = 0  # per site, the best kernels to read hardware counters for (0: none)
+
+    def eval_config(self) -> EvalConfig:
+        """How the run's candidates are judged."""
+        memory = None if self.memory_gb is None else int(self.memory_gb * 2**30)
+        return EvalConfig(device=self.profile.device, gpus=self.gpus, memory_bytes=memory)
 
 
 def gpu_peaks(bandwidth_tbs: float, matrix_tflops: float | None, dtype: str | None

@@ -197,7 +197,7 @@ class OptimizeRun:
         chosen = sorted((s for s in profiled.table.sites if s.family != "other"),
                         key=lambda s: -(s.time_ms * (1 - s.floor_ms / max(s.time_ms, 1e-9))))
         chosen = chosen[: config.sites]
-        eval_config = EvalConfig(device=config.profile.device, gpus=config.gpus)
+        eval_config = config.eval_config()
         runs: list[SiteRun] = []
         e2e: dict[str, object] | None = None
         failure = ""
