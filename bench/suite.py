@@ -22,6 +22,7 @@ from core.runtime.errors import KilnInputError
 from core.runtime.partition import FAMILY_OF_KIND
 
 PROBLEMS = Path(__file__).resolve().parent / "problems"
+DEV_PROBLEMS = Path(__file__).resolve().parent / "kernelbench_dev"
 FAMILIES = frozenset(FAMILY_OF_KIND.values())
 _BUILTIN_PREFIXES = ("torchvision:", "hf:")
 
@@ -31,14 +32,17 @@ class SuiteEntry:
     name: str
     model: str  # a problem file's absolute path, or a built-in spec (torchvision:..., hf:...)
     dtype: str  # a key of core.profile.load.DTYPES
-    expects: tuple[str, ...]  # site families the model's site table must contain
+    # Site families the model's site table must contain; none asserted for the development
+    # set's problems, which are taken as written.
+    expects: tuple[str, ...]
     shape: BuiltinShape | None = None  # built-in models only: files bring their own sizes
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"{self.name}: dtype {self.dtype!r} is not one of {list(DTYPES)}")
         unknown = set(self.expects) - FAMILIES
-        if not self.expects or unknown:
+        as_written = Path(self.model).parent.parent == DEV_PROBLEMS
+        if (not self.expects and not as_written) or unknown:
             raise ValueError(f"{self.name}: expects {self.expects} must name families among "
                              f"{sorted(FAMILIES)}")
         if self.is_builtin != (self.shape is not None):
@@ -91,10 +95,25 @@ SUITE: list[SuiteEntry] = [
 ]
 
 
+
+
+def _dev_entry(path: Path) -> SuiteEntry:
+    return SuiteEntry(f"l{path.parent.name.removeprefix('level')}_{path.stem}", str(path),
+                      "fp32", ())
+
+
+# The development set: KernelBench problems at KernelBench's own sizes, fp32, as written
+# (bench/kernelbench_dev/README.md says where they come from).
+DEV_SUITE: list[SuiteEntry] = [_dev_entry(path) for path in sorted(
+    DEV_PROBLEMS.glob("level*/*.py"),
+    key=lambda path: (path.parent.name, int(path.stem.split("_")[0])))]
+SETS = {"suite": SUITE, "dev": DEV_SUITE}
+
+
 def entry(name: str) -> SuiteEntry:
-    """The suite entry called `name`."""
-    for item in SUITE:
+    """The entry called `name`, of the suite or the development set."""
+    for item in SUITE + DEV_SUITE:
         if item.name == name:
             return item
     raise KilnInputError(f"the benchmark suite has no entry {name!r}",
-                         f"pick one of: {', '.join(item.name for item in SUITE)}")
+                         f"pick one of: {', '.join(item.name for item in SUITE + DEV_SUITE)}")

@@ -1,9 +1,11 @@
 """Kiln's benchmark suite on a GPU: each entry optimized end to end, one results table.
 
-    python -m bench.suite_bench [--budget 10] [--only name,name] [--skip name,name]
-                                [--parallel N] [--out DIR] [-- extra core.optimize arguments]
+    python -m bench.suite_bench [--set suite|dev] [--budget 10] [--only name,name]
+                                [--skip name,name] [--parallel N] [--out DIR]
+                                [-- extra core.optimize arguments]
 
-Each entry of `bench/suite.py` is optimized by `python -m core.optimize` in its own process
+Each entry of `bench/suite.py` (`--set dev`: of the development set, KernelBench problems as
+written) is optimized by `python -m core.optimize` in its own process
 and store (rules generator, fixed budget). `--parallel N` runs N entries at once: every
 timing of every Kiln process holds the GPU alone through its device lock, so entries sharing
 a GPU share its idle time (compiles, checks), not their measurements. They do share the
@@ -32,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.suite import SUITE, SuiteEntry, entry  # noqa: E402
+from bench.suite import SETS, SuiteEntry, entry  # noqa: E402
 from core.runtime.errors import exit_on_input_error  # noqa: E402
 
 
@@ -113,15 +115,18 @@ def table(outcomes: list[Outcome]) -> str:
     return "\n".join(lines)
 
 
-def selected(only: str, skip: str) -> list[SuiteEntry]:
-    """The entries named in `only` (comma-separated; all if empty), less those in `skip`."""
-    items = [entry(name) for name in only.split(",")] if only else SUITE
+def selected(only: str, skip: str, among: str = "suite") -> list[SuiteEntry]:
+    """The entries named in `only` (comma-separated; all of the set `among` if empty), less
+    those in `skip`."""
+    items = [entry(name) for name in only.split(",")] if only else SETS[among]
     skipped = {entry(name).name for name in skip.split(",") if name}
     return [item for item in items if item.name not in skipped]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--set", dest="among", choices=list(SETS), default="suite",
+                        help="the suite (default) or the development set")
     parser.add_argument("--budget", type=float, default=10.0, help="minutes per entry")
     parser.add_argument("--only", default="", help="comma-separated entry names")
     parser.add_argument("--skip", default="", help="comma-separated entry names to leave out")
@@ -130,7 +135,7 @@ def main() -> int:
     argv = sys.argv[1:]
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
-    items = selected(args.only, args.skip)
+    items = selected(args.only, args.skip, args.among)
     args.out.mkdir(parents=True, exist_ok=True)
     finished: dict[str, Outcome] = {}
     with ThreadPoolExecutor(max_workers=args.parallel) as pool:

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from bench.suite import SUITE
+from bench.suite import DEV_PROBLEMS, DEV_SUITE, SUITE
 from bench.suite_bench import Outcome, geomean, selected, table
 from core.runtime.errors import KilnInputError
 
@@ -22,6 +22,17 @@ def test_only_and_skip_pick_entries_in_suite_order():
     names = [item.name for item in selected("", "resnet50,gpt2,vit_b_16")]
     assert names == [item.name for item in SUITE if not item.is_builtin]
     assert [item.name for item in selected("softmax,layer_norm", "layer_norm")] == ["softmax"]
+
+
+def test_the_development_set_is_every_kernelbench_problem_as_written():
+    assert selected("", "", "dev") == DEV_SUITE
+    assert len(DEV_SUITE) == len(list(DEV_PROBLEMS.glob("level*/*.py"))) == 45
+    assert len({item.name for item in DEV_SUITE + SUITE}) == len(DEV_SUITE) + len(SUITE)
+    softmax = selected("l1_23_Softmax", "")[0]
+    assert softmax.problem_file == DEV_PROBLEMS / "level1" / "23_Softmax.py"
+    assert softmax.dtype == "fp32" and softmax.expects == ()
+    levels = [item.name.split("_")[0] for item in DEV_SUITE]
+    assert levels == sorted(levels), "the set runs level by level"
 
 
 def test_an_unknown_name_is_refused_with_the_choices():
