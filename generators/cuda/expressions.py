@@ -41,16 +41,49 @@ _STORE = {
 }
 
 HELPERS = r"""
+// The GPU converts with PTX; a host build (the CPU emulator of the tests) with the same results
+// bit for bit: rounding to nearest even, and NaN as the GPU's canonical NaN.
 __device__ __forceinline__ float half_to_float(unsigned short bits) {
+#ifdef __CUDA_ARCH__
     float value;
     asm("cvt.f32.f16 %0, %1;" : "=f"(value) : "h"(bits));
     return value;
+#else
+    const unsigned int sign = (unsigned int)(bits & 0x8000u) << 16;
+    const unsigned int exponent = (bits >> 10) & 0x1fu, mantissa = bits & 0x3ffu;
+    if (exponent == 0x1fu) {
+        return mantissa ? __uint_as_float(0x7fffffffu) : __uint_as_float(sign | 0x7f800000u);
+    }
+    if (exponent == 0) {  // zero or subnormal: mantissa * 2^-24, exact in float
+        const float magnitude = (float)mantissa * 5.9604644775390625e-8f;
+        return sign ? -magnitude : magnitude;
+    }
+    return __uint_as_float(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+#endif
 }
 
 __device__ __forceinline__ unsigned short float_to_half(float value) {
+#ifdef __CUDA_ARCH__
     unsigned short bits;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(bits) : "f"(value));
     return bits;
+#else
+    const unsigned int x = __float_as_uint(value), magnitude = x & 0x7fffffffu;
+    const unsigned short sign = (unsigned short)((x >> 16) & 0x8000u);
+    if (magnitude > 0x7f800000u) { return 0x7fffu; }
+    if (magnitude >= 0x477ff000u) { return sign | 0x7c00u; }  // 65520 and up round to inf
+    if (magnitude >= 0x38800000u) {  // a normal half: drop 13 bits, ties to even
+        const unsigned int rounded = magnitude + 0xfffu + ((magnitude >> 13) & 1u);
+        return sign | (unsigned short)((rounded - 0x38000000u) >> 13);
+    }
+    const int shift = 126 - (int)(magnitude >> 23);  // a subnormal half: units of 2^-24
+    if (shift > 24) { return sign; }
+    const unsigned int mantissa = (magnitude & 0x7fffffu) | 0x800000u;
+    const unsigned int half = 1u << (shift - 1), rest = mantissa & ((half << 1) - 1u);
+    unsigned int units = mantissa >> shift;
+    units += rest > half || (rest == half && (units & 1u));
+    return sign | (unsigned short)units;
+#endif
 }
 
 __device__ __forceinline__ float bf16_to_float(unsigned short bits) {
@@ -58,9 +91,15 @@ __device__ __forceinline__ float bf16_to_float(unsigned short bits) {
 }
 
 __device__ __forceinline__ unsigned short float_to_bf16(float value) {
+#ifdef __CUDA_ARCH__
     unsigned short bits;
     asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(bits) : "f"(value));
     return bits;
+#else
+    const unsigned int x = __float_as_uint(value);
+    if ((x & 0x7fffffffu) > 0x7f800000u) { return 0x7fffu; }
+    return (unsigned short)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+#endif
 }
 
 // fmaxf/fminf drop a NaN operand; PyTorch's maximum/minimum/amax propagate it.
