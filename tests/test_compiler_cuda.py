@@ -1,6 +1,6 @@
 """The kernel compiler's CUDA backend: every case of `compiler_cases` under each schedule compiles
-for sm_90 with nvcc (one translation unit, so the whole set costs one compiler run), and on a GPU
-matches PyTorch."""
+for sm_90 with nvcc (one translation unit, so the whole set costs one compiler run), and matches
+PyTorch, run on the CPU by `tests.cuda_on_cpu` and on a GPU."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from generators.cuda.program import write_cuda_program
 from generators.rules import RulesGenerator
 from generators.site_graph import Unsupported
 from tests.compiler_cases import ALL_CASES, Case, check, load_module, schedules_of, write_problem
+from tests.cuda_on_cpu import kernels_on_cpu
 
 # Scans in the CUDA tier are sums; a running product stays with the Triton tier.
 CUDA_CASES = [case for case in ALL_CASES if "cumprod" not in case.body]
@@ -70,6 +71,12 @@ def test_the_candidate_states_its_launch_geometry(tmp_path):
     assert "grid=(75, 1, 1), block=(128, 1, 1)" in source
     assert "__launch_bounds__(128)" in source
     assert "constexpr int LANES = 32;" in source
+
+
+@pytest.mark.parametrize("case", CUDA_CASES, ids=[c.id for c in CUDA_CASES])
+def test_every_case_matches_pytorch_run_on_the_cpu(tmp_path, case):
+    with kernels_on_cpu():
+        check(tmp_path / "site", case, write_cuda_program)
 
 
 @pytest.mark.gpu

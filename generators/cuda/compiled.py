@@ -24,6 +24,7 @@ from generators.cuda.values import CudaValues, element_type
 
 NEUTRAL = {"sum": "0.0f", "mean": "0.0f", "prod": "1.0f", "amax": "-INFINITY",
            "amin": "INFINITY", "argmax": "-INFINITY", "argmin": "INFINITY"}
+MAX_STEPS = 8
 FUNCTOR = {"sum": "Add", "mean": "Add", "var": "Add", "prod": "Times", "amax": "NanMax",
            "amin": "NanMin"}
 # Device code every compiled CUDA kernel shares: the folds over a row's lanes (templates, so
@@ -117,6 +118,9 @@ class CudaKernelWriter(CudaValues):
             # A scan runs along one warp's lanes: a row takes at most a warp.
             self.rows_per_block = max(self.rows_per_block, self.threads // 32)
         self.lanes = self.threads // self.rows_per_block
+        # Columns a lane takes each pass of a loop: the schedule's block of columns shared by a
+        # row's lanes, at most MAX_STEPS.
+        self.steps = max(1, min(MAX_STEPS, schedule.block_columns // self.lanes))
         self.workspaces = workspace_slots(kernel, schedule)
 
     def workspace(self, reduction: Reduction, name: str) -> str:
@@ -135,9 +139,10 @@ class CudaKernelWriter(CudaValues):
                    for j, slot in enumerate(self.workspaces)])
 
     def columns(self, size: int, symbols: list[str], body: Callable[[], None]) -> None:
-        """`body()` for this block's share of `size` columns, the lanes of a row side by side;
-        every lane runs every step (a lane past the end works on the last column and `inside`
-        says so), so that shuffles in the body see them all."""
+        """`body()` for this block's share of `size` columns, the lanes of a row side by side,
+        `self.steps` columns a lane each pass (unrolled, so that their loads are in flight
+        together); every lane runs every step (a lane past the end works on the last column and
+        `inside` says so), so that shuffles in the body see them all."""
         share = -(-size // self.splits)
         start, end = self.name("start"), self.name("end")
         self.line(f"const {self.index} {start} = ({self.index})blockIdx.y * {share};")
@@ -145,19 +150,23 @@ class CudaKernelWriter(CudaValues):
                   f": {size};")
         insert_at, saved_memo = len(self.lines), dict(self.memo)
         self.carries, self.after = [], []
-        base = self.name("base")
-        self.line(f"for ({self.index} {base} = {start}; {base} < {end}; {base} += LANES) {{")
+        base, step = self.name("base"), self.name("step")
+        self.line(f"for ({self.index} {base} = {start}; {base} < {end}; "
+                  f"{base} += {self.steps} * LANES) {{")
+        self.line("#pragma unroll")
+        self.line(f"for (int {step} = 0; {step} < {self.steps}; ++{step}) {{")
         self.depth += 1
-        column = self.let(f"{base} + lane", "col", "int")
+        column = self.let(f"{base} + {step} * LANES + lane", "col", "index")
         inside = self.name("inside")
         self.line(f"const bool {inside} = {column} < {end};")
-        clamped = self.let(f"{inside} ? {column} : {end} - 1", "c", "int")
+        clamped = self.let(f"{inside} ? {column} : {end} - 1", "c", "index")
         self.masks.update(column=inside, both=inside)
         self.counters(clamped, symbols)
         body()
         for text in self.after:
             self.line(text)
         self.depth -= 1
+        self.line("}")
         self.line("}")
         self.lines[insert_at:insert_at] = ["    " * self.depth + c for c in self.carries]
         self.memo = saved_memo
