@@ -82,7 +82,7 @@ SUITE: list[SuiteEntry] = [
     _problem("mean_dims", "fp32", "reduction"),
     _problem("amax_dim0", "fp32", "reduction"),
     _problem("sdpa_causal", "bf16", "attention"),
-    _problem("manual_attention", "bf16", "matmul", "reduction"),
+    _problem("manual_attention", "bf16", "attention"),
     _problem("swish_bias", "fp32", "pointwise"),
     _problem("gelu_tanh", "fp32", "pointwise"),
     _problem("transformer_block", "bf16", "matmul", "reduction", "attention"),

@@ -24,6 +24,7 @@ from generators.cuda.program import write_cuda_compiled
 from generators.cuda.row_reduction import CudaReductionConfig, write_cuda_reduction
 from generators.mutations import diagnosed_neighbours
 from generators.site_graph import Ref, SiteGraph, Unsupported, load_site_graph
+from generators.triton.attention import AttentionConfig, attention_drafts, write_attention
 from generators.triton.batch_norm import BatchNormConfig, write_batch_norm
 from generators.triton.conv import write_conv_epilogue
 from generators.triton.dim_reduction import (
@@ -275,6 +276,7 @@ WRITERS = (
     Writer("reduction", "triton", write_compiled, Schedule, compiled_drafts),
     Writer("matmul", "triton", write_triton_matmul, MatmulConfig, _matmul_drafts),
     Writer("conv", "triton", write_conv_epilogue, PointwiseConfig, _conv_drafts),
+    Writer("attention", "triton", write_attention, AttentionConfig, attention_drafts),
     Writer("pointwise", "cuda", write_cuda_pointwise, CudaPointwiseConfig,
            _cuda_pointwise_drafts),
     Writer("reduction", "cuda", write_cuda_reduction, CudaReductionConfig, _cuda_row_drafts),

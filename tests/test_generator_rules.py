@@ -52,8 +52,8 @@ def test_a_site_without_rules_is_declined_with_a_plain_reason(tmp_path):
     attention = tmp_path / "attention.py"
     write_problem(attention, "torch.nn.functional.scaled_dot_product_attention(x, r, x)",
                   "x, r", torch.float32)
-    declined = RulesGenerator().propose(attention, None, 1).declined
-    assert "no triton rules for attention" in declined
+    declined = RulesGenerator().propose(attention, None, 1, tiers=("cuda",)).declined
+    assert "no cuda rules for attention" in declined
 
 
 def test_each_family_and_tier_has_drafts(tmp_path):

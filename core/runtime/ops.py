@@ -58,6 +58,11 @@ VIEW_NAMES = frozenset(
     detach dropout alpha_dropout feature_alpha_dropout dropout1d dropout2d dropout3d
     identity""".split()
 )
+# Tensor factories of fixed size and value (`torch.ones(t, t)`, `x.new_full((), 2.0)`): a mask
+# built from them inside a site is one of its constants.
+FACTORY_NAMES = frozenset("ones zeros full new_ones new_zeros new_full".split())
+_FACTORY_KWARGS = frozenset({"dtype", "device", "layout", "requires_grad", "pin_memory",
+                             "fill_value"})
 
 _OPERATOR_NAMES = {
     operator.add: "add",
@@ -240,3 +245,33 @@ def out_of_place(node: fx.Node) -> None:
             raise ValueError(f"no out-of-place form of {node.target}")
     if node.kwargs.get("inplace", False):
         node.kwargs = {**node.kwargs, "inplace": False}
+
+
+def is_factory(node: fx.Node) -> bool:
+    """A tensor factory whose value depends on its arguments alone (the receiver of `new_ones`
+    lends only its device)."""
+    if node.op not in ("call_function", "call_method") or \
+            not isinstance(node.meta.get("example_value"), torch.Tensor):
+        return False
+    name, tensors, kwargs = op_info(node).name, node.all_input_nodes, node.kwargs
+    if name not in FACTORY_NAMES:
+        return False
+    if name.startswith("new_"):
+        return tensors == [node.args[0]] and set(kwargs) <= {"dtype", "fill_value"}
+    return (not tensors and set(kwargs) <= _FACTORY_KWARGS and not kwargs.get("requires_grad")
+            and kwargs.get("layout") in (None, torch.strided) and not kwargs.get("pin_memory"))
+
+
+def make_relative(node: fx.Node, receiver: fx.Node) -> None:
+    """Rewrite a factory (`is_factory`) into `receiver.new_*(shape, ..., dtype=...)`: the same
+    tensor, on the receiver's device (the caller checked it is the factory's), so that a site
+    problem holding it names no device and runs wherever its inputs are."""
+    name = op_info(node).name.removeprefix("new_")
+    value = node.meta["example_value"]
+    fill = ()
+    if name == "full":
+        given = node.args[2 if node.op == "call_method" else 1:]
+        fill = (given[0] if given else node.kwargs["fill_value"],)
+    node.op, node.target = "call_method", f"new_{name}"
+    node.args = (receiver, tuple(value.shape), *fill)
+    node.kwargs = {"dtype": value.dtype}

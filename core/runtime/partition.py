@@ -2,6 +2,8 @@
 
 A region is a convex set of nodes of one graph (no path leaves it and comes back), so it can be
 replaced by a single call. Regions are grown greedily in graph order:
+- attention written out, softmax(Q·Kᵀ (scaled, masked, biased)) · V, is claimed first as one
+  attention region (`attention_chain`), as scaled_dot_product_attention is one;
 - matmul, conv and attention ops anchor a region and take the elementwise ops that follow them
   on their output's shape (the epilogue);
 - a reduction or norm anchors a region, swallows the pointwise chain of its input's shape that
@@ -16,11 +18,13 @@ replaced by a single call. Regions are grown greedily in graph order:
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 import torch.fx as fx
 
+from .attention_chain import claim_attention
 from .ops import OpKind, op_info, out_of_place
 
 FAMILY_OF_KIND = {
@@ -111,9 +115,11 @@ class _Grower:
     in one piece keeps every read on its side of every write.
     """
 
-    def __init__(self, graph: fx.Graph) -> None:
+    def __init__(self, graph: fx.Graph, claims: Sequence[set[fx.Node]] = ()) -> None:
         self.graph = graph
         self.ancestors = _ancestors(graph)
+        self.claim_of = {node: i for i, nodes in enumerate(claims) for node in nodes}
+        self.claimed: dict[int, Region] = {}
         self.region_of: dict[fx.Node, Region] = {}
         self.regions: list[Region] = []
         self.epoch = 0
@@ -202,6 +208,9 @@ class _Grower:
         for node in self.graph.nodes:
             if node.op not in ("call_function", "call_method"):
                 continue
+            if node in self.claim_of:
+                self.add_claimed(node)
+                continue
             info = op_info(node)
             kind = info.kind
             if info.inplace:
@@ -222,6 +231,15 @@ class _Grower:
         for region in self.regions:
             self._trim_reshapes(region)
         return self.regions
+
+    def add_claimed(self, node: fx.Node) -> None:
+        """A node of attention written out: its region is made whole as its nodes come."""
+        claim = self.claim_of[node]
+        if claim not in self.claimed:
+            self.claimed[claim] = self._new("attention", node)
+        else:
+            self.claimed[claim].nodes.append(node)
+            self.region_of[node] = self.claimed[claim]
 
     def add_reshape(self, node: fx.Node, name: str) -> None:
         """Carry a region through an order-preserving reshape, so its epilogue can follow.
@@ -266,9 +284,11 @@ def _seal(region: Region, order: dict[fx.Node, int]) -> None:
 
 
 def partition(graph: fx.Graph) -> list[Region]:
-    """Functionalize safe in-place ops, then cut `graph` into regions (in graph order)."""
+    """Functionalize safe in-place ops, claim attention written out, then cut `graph` into
+    regions (in graph order)."""
     functionalize_inplace(graph)
-    regions = _Grower(graph).grow()
+    claims = claim_attention(graph, _ancestors(graph))
+    regions = _Grower(graph, claims).grow()
     order = {node: i for i, node in enumerate(graph.nodes)}
     for region in regions:
         _seal(region, order)
