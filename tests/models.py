@@ -101,6 +101,15 @@ class TinyResNet(nn.Module):
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
 
 
+class TupleReductions(nn.Module):
+    """Reductions with two results (values and indices): one result used, then both."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        largest = torch.max(x, dim=1)[0]
+        values, indices = torch.min(torch.relu(x), dim=-1)
+        return largest, values * 2, indices
+
+
 def _randomize_norms(model: nn.Module) -> nn.Module:
     """Non-trivial running statistics, so batch norm is not an identity."""
     generator = torch.Generator().manual_seed(1)
@@ -134,6 +143,11 @@ def make_data_dependent() -> tuple[nn.Module, tuple]:
 def make_resnet() -> tuple[nn.Module, tuple]:
     torch.manual_seed(0)
     return _randomize_norms(TinyResNet()), (torch.randn(2, 3, 16, 16),)
+
+
+def make_tuple_reductions() -> tuple[nn.Module, tuple]:
+    torch.manual_seed(0)
+    return TupleReductions().eval(), (torch.randn(4, 9, 7),)
 
 
 def make_raising() -> tuple[nn.Module, tuple]:

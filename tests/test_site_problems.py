@@ -20,6 +20,7 @@ FACTORIES = {
     "data_dependent": models.make_data_dependent,
     "resnet": models.make_resnet,
     "stacked_mlp": models.make_stacked_mlp,
+    "tuple_reductions": models.make_tuple_reductions,
 }
 
 
@@ -91,3 +92,11 @@ def test_large_inputs_are_described_not_saved(tmp_path):
     assert not (folder / "inputs.pt").exists()
     meta = (folder / "site.json").read_text()
     assert '"inputs_saved": false' in meta and '"shape"' in meta
+
+
+def test_a_reduction_with_two_results_is_a_site_returning_tensors(tmp_path):
+    model, inputs = models.make_tuple_reductions()
+    table = find_sites(capture(model, inputs, CPU), GpuPeaks())
+    signatures = sorted(site.problem.signature.split(" | ")[0] for site in table.sites)
+    assert signatures == ["max → getitem", "relu → min → getitem → getitem → mul"], signatures
+    assert not table.unwritable

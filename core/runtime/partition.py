@@ -18,6 +18,7 @@ replaced by a single call. Regions are grown greedily in graph order:
 from __future__ import annotations
 
 import heapq
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -248,8 +249,7 @@ class _Grower:
         region consumes is trimmed again at the end.
         """
         parents = node.all_input_nodes
-        picks = name == "getitem" and isinstance(parents[0].meta.get("example_value"),
-                                                  tuple | list) if parents else False
+        picks = _picks(node)
         if (name not in _ORDER_PRESERVING and not picks) or len(parents) != 1:
             return
         region = self._open(self.region_of.get(parents[0]))
@@ -262,13 +262,21 @@ class _Grower:
     def _trim_reshapes(self, region: Region) -> None:
         while True:
             members = set(region.nodes)
+            # A pick of a tuple-valued op stays: the region's output must be a tensor.
             dangling = [n for n in region.nodes if op_info(n).kind is OpKind.VIEW
-                        and not any(u in members for u in n.users)]
+                        and not _picks(n) and not any(u in members for u in n.users)]
             if not dangling:
                 return
             for node in dangling:
                 region.nodes.remove(node)
                 del self.region_of[node]
+
+
+def _picks(node: fx.Node) -> bool:
+    """Whether `node` picks one result of a tuple-valued op (max along a dim, say)."""
+    parents = node.all_input_nodes
+    return (node.op == "call_function" and node.target is operator.getitem and len(parents) == 1
+            and isinstance(parents[0].meta.get("example_value"), tuple | list))
 
 
 def _seal(region: Region, order: dict[fx.Node, int]) -> None:

@@ -143,6 +143,8 @@ class _Writer:
             return f"{self.arg(node.args[0])} {_INFIX[target]} {self.arg(node.args[1])}"
         if target in _PREFIX and len(node.args) == 1:
             return f"{_PREFIX[target]}{self.arg(node.args[0])}"
+        if target is operator.getitem and len(node.args) == 2 and not node.kwargs:
+            return f"{self.arg(node.args[0])}[{self.arg(node.args[1])}]"
         name = qualified_function_name(target)
         if name is None:
             raise CodegenError(f"cannot write a call to {target!r} in a problem file")
