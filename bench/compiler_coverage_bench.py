@@ -22,8 +22,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core.evaluate import EvalConfig, Evaluator  # noqa: E402
-from core.profile.pipeline import ListSitesConfig, list_sites  # noqa: E402
 from core.profile.in_situ import ProfileConfig  # noqa: E402
+from core.profile.pipeline import ListSitesConfig, list_sites  # noqa: E402
 from generators.compiler.site import declined  # noqa: E402
 from generators.rules import RulesGenerator  # noqa: E402
 
@@ -40,17 +40,36 @@ class Row:
     speedup: float | None = None
 
 
+def _constant_int(node: ast.expr) -> int | None:
+    """The value of an int literal or of arithmetic on int literals (`256 * 8`), else None."""
+    if isinstance(node, ast.Constant):
+        return node.value if type(node.value) is int else None
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        value = _constant_int(node.operand)
+        return None if value is None else -value
+    operators = {ast.Add: int.__add__, ast.Sub: int.__sub__, ast.Mult: int.__mul__,
+                 ast.FloorDiv: int.__floordiv__, ast.Pow: int.__pow__}
+    if isinstance(node, ast.BinOp) and type(node.op) in operators:
+        left, right = _constant_int(node.left), _constant_int(node.right)
+        if left is None or right is None:
+            return None
+        return operators[type(node.op)](left, right)
+    return None
+
+
 def shrunk(source: str) -> str:
-    """Module-level int sizes above 16 made 16 (17 when odd, to keep ragged tails)."""
+    """Module-level int sizes (literals or arithmetic on them) above 16 made 16 (17 when odd, to
+    keep ragged tails)."""
     lines = source.splitlines()
     for node in ast.parse(source).body:
         if not (isinstance(node, ast.Assign) and len(node.targets) == 1
                 and isinstance(node.targets[0], ast.Name)):
             continue
         values = node.value.elts if isinstance(node.value, ast.Tuple) else [node.value]
-        if not all(isinstance(v, ast.Constant) and type(v.value) is int for v in values):
+        sizes = [_constant_int(v) for v in values]
+        if any(size is None for size in sizes) or node.lineno != node.end_lineno:
             continue
-        small = [v.value if v.value <= 16 else 16 + v.value % 2 for v in values]
+        small = [size if size <= 16 else 16 + size % 2 for size in sizes]
         text = f"({', '.join(map(str, small))},)" if isinstance(node.value, ast.Tuple) else \
             str(small[0])
         lines[node.lineno - 1] = f"{node.targets[0].id} = {text}"
@@ -88,7 +107,8 @@ def judge_sites(name: str, sites: list[dict], evaluator: Evaluator, timed: bool)
 
 
 def table(rows: list[Row]) -> str:
-    lines = ["| problem | site | signature | compiler | vs eager |", "| --- | --- | --- | --- | --- |"]
+    lines = ["| problem | site | signature | compiler | vs eager |",
+             "| --- | --- | --- | --- | --- |"]
     for r in rows:
         speed = "-" if r.speedup is None else f"{r.speedup:.2f}x"
         lines.append(f"| {r.problem} | {r.site} | {r.signature.replace('|', '/')} | "

@@ -1,0 +1,13 @@
+"""The compiler coverage benchmark's --shrink: a problem's module-level sizes made small, whether
+written as literals or as arithmetic on them, everything else left as written."""
+
+from __future__ import annotations
+
+from bench.compiler_coverage_bench import shrunk
+
+
+def test_sizes_written_as_literals_or_arithmetic_shrink():
+    source = ("M = 256 * 8  # 2048\nK = 131072 * 8\nshape = (4096, 33, 2 ** 10)\nsmall = 7\n"
+              "eps = 1e-5\nname = 'x'\nneg = -3\ndim = K // 2\n")
+    assert shrunk(source) == ("M = 16\nK = 16\nshape = (16, 17, 16,)\nsmall = 7\neps = 1e-5\n"
+                              "name = 'x'\nneg = -3\ndim = K // 2\n")
