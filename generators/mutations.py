@@ -48,6 +48,8 @@ LADDERS: dict[str, tuple[int | bool | str, ...]] = {
     "block_rows": (1, 2, 4, 8, 16, 32, 64, 128),
     "block_columns": (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384),
     "splits": (1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+    # tf32 alone is no rung: it changes the answer, and is for runs that allow it.
+    "precision": ("ieee", "tf32x3"),
 }
 WHY_UP: dict[str, str] = {
     "block": "more elements per program, fewer programs to schedule",
@@ -76,6 +78,8 @@ WHY_UP: dict[str, str] = {
     "block_rows": "more rows a program: one launch and one fold for several rows",
     "block_columns": "wider column blocks: longer loads in flight, a row's loop in fewer steps",
     "splits": "more programs share each row's loops: more of the GPU for few, long rows",
+    "precision": "fp32 products as three tf32 tensor-core products: fp32's accuracy at several "
+                 "times the speed of fp32 arithmetic",
 }
 WHY_DOWN: dict[str, str] = {
     "block": "smaller blocks, more programs to fill every SM",
@@ -103,6 +107,7 @@ WHY_DOWN: dict[str, str] = {
     "block_columns": "narrower column blocks: fewer registers, a looped row instead of a "
                      "persistent one",
     "splits": "fewer programs a row: fewer partial results to write and combine",
+    "precision": "exact fp32 products on the CUDA cores: no split operands held in registers",
 }
 
 

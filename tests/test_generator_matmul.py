@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from core.evaluate import EvalConfig, evaluate
+from generators.rules import RulesGenerator
 from generators.site_graph import Unsupported, load_site_graph
 from generators.triton.matmul import MatmulConfig, write_triton_matmul
 from tests.kernel_checks import assert_matches
@@ -146,13 +147,28 @@ def test_config_shows_in_the_docstring_and_the_launch(tmp_path):
     path = write_problem(tmp_path / "problem.py", "mm", [], [], {"M": 5, "N": 7, "K": 9},
                          torch.float32)
     config = MatmulConfig(block_m=64, block_n=32, block_k=16, group_m=4, num_warps=2,
-                          num_stages=5, allow_tf32=True)
+                          num_stages=5, precision="tf32")
     source = write_triton_matmul(load_site_graph(path), config)
     first = source.splitlines()[0]
     assert "tiles 64×32×16, GROUP_M 4, 2 warps, 5 stages, tf32" in first
     assert 'input_precision="tf32"' in source
     assert "BLOCK_M=64, BLOCK_N=32, BLOCK_K=16, GROUP_M=4" in source
     assert "num_warps=2, num_stages=5" in source
+    split = write_triton_matmul(load_site_graph(path), MatmulConfig(precision="tf32x3"))
+    assert "fp32 as three tf32 products" in split.splitlines()[0]
+    assert 'input_precision="tf32x3"' in split
+    with pytest.raises(ValueError, match="precision 'fp16' is not one of"):
+        MatmulConfig(precision="fp16")
+
+
+def test_an_fp32_matmul_is_drafted_as_three_tf32_products_first(tmp_path):
+    path = write_problem(tmp_path / "problem.py", "mm", [], [], {"M": 5, "N": 7, "K": 9},
+                         torch.float32)
+    drafts = RulesGenerator().propose(path, None, n=4).children
+    assert drafts[0].settings["precision"] == "tf32x3", drafts[0].rationale
+    assert all(d.settings["precision"] != "tf32" for d in drafts), "tf32 changes the answer"
+    verdict = evaluate(path, drafts[0].source, EvalConfig(device="cpu", time=False))
+    assert verdict.correct, verdict.reason
 
 
 def test_sites_it_cannot_handle_say_why(tmp_path):

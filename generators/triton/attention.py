@@ -19,6 +19,7 @@ from generators.codegen import BROADCAST_SHAPE_HELPER, indent
 from generators.site_graph import SiteGraph, Unsupported
 from generators.triton.attention_plan import OUTPUT, SCORES, read_plan
 from generators.triton.expressions import tl_dtype, with_jit_helpers
+from generators.triton.precision import DESCRIBED, check_precision, dot_precision
 
 
 @dataclass(frozen=True)
@@ -27,12 +28,14 @@ class AttentionConfig:
     block_n: int = 64  # keys a step
     num_warps: int = 4
     num_stages: int = 2
-    allow_tf32: bool = False  # fp32 operands through tf32 tensor cores (held to tf32 tolerance)
+    precision: str = "ieee"  # of fp32 operands (generators.triton.precision)
+
+    def __post_init__(self) -> None:
+        check_precision(self.precision)
 
     def describe(self) -> str:
-        precision = ", tf32" if self.allow_tf32 else ""
         return (f"{self.block_m} queries × {self.block_n} keys a step, {self.num_warps} warps, "
-                f"{self.num_stages} stages{precision}")
+                f"{self.num_stages} stages{DESCRIBED[self.precision]}")
 
 
 _SOURCE = '''"""Kiln rules kernel (triton, attention): {ops}. {config}."""
@@ -166,9 +169,7 @@ def write_attention(graph: SiteGraph, config: AttentionConfig) -> str:
         raise Unsupported(f"Q of rank {rank}: the kernel takes at most two batch dimensions")
     operands = [f"x{i}" for i in range(len(plan.operands))]
     outs = [f"out{k}" for k in range(len(plan.outputs))]
-    precision = ""
-    if plan.dtype == torch.float32:
-        precision = f', input_precision="{"tf32" if config.allow_tf32 else "ieee"}"'
+    precision = dot_precision(plan.dtype, config.precision)
     step = _STEP.format(
         precision=precision, logits=plan.logits,
         operands="\n".join(_load(n, over) for n, (_, over) in zip(operands, plan.operands,
@@ -253,9 +254,7 @@ def attention_drafts(graph: SiteGraph) -> list[tuple[AttentionConfig, str]]:
                "fp32 products on the CUDA cores: 64 × 32 tiles keep registers for the "
                "accumulator"),
               (AttentionConfig(64, 64, 4, 2), "fp32: 64 × 64 tiles, each key tile reused more")]
-    if plan.k_transposed:
-        # Written with matmuls, an fp32 site is held to tf32 on a GPU (core.evaluate).
-        drafts.insert(0, (AttentionConfig(128, 64, warps, 3, allow_tf32=True),
-                          f"fp32 written with matmuls: both products on tf32 tensor cores, "
-                          f"128 × 64 tiles, {warps} warps"))
+    drafts.insert(0, (AttentionConfig(128, 64, warps, 3, precision="tf32x3"),
+                      f"fp32: both products as three tf32 tensor-core products each (fp32's "
+                      f"accuracy), 128 × 64 tiles, {warps} warps"))
     return drafts

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from generators.codegen import BROADCAST_SHAPE_HELPER
 from generators.site_graph import Op, Ref, SiteGraph, Unsupported
 from generators.triton.expressions import elementwise, tl_dtype, with_jit_helpers
+from generators.triton.precision import DESCRIBED, check_precision, dot_precision
 
 # Views that change shape but keep the element order; emitted as the same tensor method.
 SHAPE_VIEWS = frozenset({"view", "reshape", "flatten", "unflatten", "unsqueeze", "squeeze"})
@@ -33,12 +34,14 @@ class MatmulConfig:
     group_m: int = 8
     num_warps: int = 4
     num_stages: int = 3
-    allow_tf32: bool = False  # fp32 operands through tf32 tensor cores (held to tf32 tolerance)
+    precision: str = "ieee"  # of fp32 operands (generators.triton.precision)
+
+    def __post_init__(self) -> None:
+        check_precision(self.precision)
 
     def describe(self) -> str:
-        precision = ", tf32" if self.allow_tf32 else ""
         return (f"tiles {self.block_m}×{self.block_n}×{self.block_k}, GROUP_M {self.group_m}, "
-                f"{self.num_warps} warps, {self.num_stages} stages{precision}")
+                f"{self.num_warps} warps, {self.num_stages} stages{DESCRIBED[self.precision]}")
 
 
 _SOURCE = '''"""Kiln rules kernel (triton, matmul): {ops}. {config}."""
@@ -304,9 +307,7 @@ def write_triton_matmul(graph: SiteGraph, config: MatmulConfig) -> str:
               for k, out_dtype in enumerate(out_dtypes)]
     returns = [f"out{k}.view({stage[ref]}.shape)" for k, ref in enumerate(graph.outputs)]
     names = list(operands.values())
-    precision = ""
-    if dtype.itemsize == 4:
-        precision = f', input_precision="{"tf32" if config.allow_tf32 else "ieee"}"'
+    precision = dot_precision(dtype, config.precision)
     source = _SOURCE.format(
         ops=" → ".join(op.name for op in graph.ops),
         config=config.describe(),
