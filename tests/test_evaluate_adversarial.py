@@ -28,7 +28,7 @@ CASES = {
     "bad_reseeds": (POINTWISE, Reason.STATIC_CHECK, "RNG seeding"),
     "bad_stale_output": (POINTWISE, Reason.UNWRITTEN_OUTPUT, "1037 of 1037 elements"),
     "bad_mutates_input": (POINTWISE, Reason.MUTATED_INPUT, "input 0 was changed in place"),
-    "bad_cached_by_shape": (POINTWISE, Reason.CACHED_RESULT, "same output as for seed 0"),
+    "bad_cached_by_shape": (POINTWISE, Reason.CACHED_RESULT, "the same output as for seed"),
     "bad_cached_by_pointer": (POINTWISE, Reason.CACHED_RESULT, "cached by pointer"),
     "bad_out_of_bounds": (POINTWISE, Reason.OUT_OF_BOUNDS_WRITE, "guard bytes"),
     "bad_missing_tail": (POINTWISE, Reason.UNWRITTEN_OUTPUT, "13 of 1037 elements"),
@@ -38,10 +38,31 @@ CASES = {
     "bad_nan": (POINTWISE, Reason.NAN_INF, "NaN/Inf"),
     "bad_shape": (POINTWISE, Reason.SHAPE_MISMATCH, "(1, 1037)"),
     "bad_library_on_pointwise": (POINTWISE, Reason.LIBRARY_OP_NOT_ALLOWED, "aten.mm"),
-    "bad_wrong_after_timing": (POINTWISE, Reason.WRONG_AFTER_TIMING, "after timing"),
+    "bad_wrong_after_timing": (POINTWISE, Reason.WRONG_AFTER_TIMING,
+                               "wrong while being timed"),
     "bad_syntax": (POINTWISE, Reason.COMPILE_ERROR, "line 17"),
+    # Attribute paths to anything: the allowlist refuses them before anything runs.
+    "bad_torch_os": (POINTWISE, Reason.STATIC_CHECK, "os is off limits"),
+    "bad_typing_sys": (POINTWISE, Reason.STATIC_CHECK, "sys is off limits"),
+    "bad_attrgetter": (POINTWISE, Reason.STATIC_CHECK, "imports operator"),
+    "bad_builtins": (POINTWISE, Reason.STATIC_CHECK, "uses __builtins__"),
+    "bad_module_alias": (POINTWISE, Reason.STATIC_CHECK, "uses the module torch as a value"),
+    "bad_dunder_globals": (POINTWISE, Reason.STATIC_CHECK, "uses .__globals__"),
+    "bad_numpy_compute": (POINTWISE, Reason.STATIC_CHECK, "uses .numpy"),
+    "bad_tensor_subclass": (POINTWISE, Reason.STATIC_CHECK, "derives from torch.Tensor"),
+    "bad_grid_lambda": (POINTWISE, Reason.STATIC_CHECK, "only compute a launch grid"),
+    # Compute outside the kernels, caught as it runs.
+    "bad_heuristic_compute": (POINTWISE, Reason.TORCH_COMPUTE, "during a kernel launch"),
+    "bad_python_compute": (POINTWISE, Reason.TORCH_COMPUTE, "aten._local_scalar_dense"),
+    # Inputs from a seed drawn per evaluation: answers for known seeds are wrong.
+    "bad_known_seeds": (POINTWISE, Reason.WRONG_VALUES, "outside the fp32 tolerance"),
+    # Bands sized to the output: a write 64 KiB past a 4 KiB output lands in one.
+    "bad_far_out_of_bounds": (POINTWISE, Reason.OUT_OF_BOUNDS_WRITE, "guard bytes"),
+    # An exception while timed is the candidate's verdict; the batch goes on.
+    "bad_raises_when_timed": (POINTWISE, Reason.RUNTIME_ERROR, "tired of being timed"),
 }
 GOOD = {
+    "bad_storage_offset": POINTWISE,  # its cheat never fires: timing runs the checked path
     "good_pointwise": POINTWISE,
     "good_softmax": "softmax_problem",
     "good_linear_gelu": "linear_gelu_problem",
@@ -82,8 +103,11 @@ def test_good_triton_candidate_is_correct_with_errors_and_timings(verdicts, name
     assert verdict.accepted == (verdict.speedup > 1)
     assert verdict.accepted or verdict.reason_code is Reason.SLOWER
     assert verdict.tier == "triton"
+    assert verdict.speedup < 10, "a timed cheat would show here"
     assert verdict.max_rel_err is not None and verdict.max_rel_err <= verdict.tolerance
-    assert verdict.trials_checked == ["seed 0", "seed 1", "seed 2", "seed 3 after timing"]
+    first = int(verdict.trials_checked[0].split()[1])
+    assert verdict.trials_checked == [f"seed {first}", f"seed {first + 1}", f"seed {first + 2}",
+                                      f"seed {first + 3} after timing"]
     assert verdict.latency_ms > 0 and verdict.baseline_ms > 0 and verdict.speedup > 0
     assert verdict.timing_device == "cpu (Triton interpreter)"
     assert verdict.kernel_launches >= 1

@@ -1,5 +1,5 @@
 """On a GPU: Triton and CUDA candidates judged and timed, CUDA launches ordered with torch's
-streams, and a sticky CUDA error costing only its worker."""
+streams, and a sticky CUDA error costing only the candidate's own process."""
 
 from __future__ import annotations
 
@@ -47,13 +47,13 @@ def test_triton_and_cuda_candidates_are_accepted_and_timed(evaluator):
         assert verdict.kernel_launches >= 1
 
 
-def test_an_illegal_address_costs_only_its_worker(evaluator):
+def test_an_illegal_address_costs_only_its_candidates_process(evaluator):
     before = evaluator.replacements
     bad, good = evaluator.evaluate_many([(PROBLEM, source("bad_cuda_illegal_address")),
                                          (PROBLEM, source("good_pointwise"))])
     assert bad.reason_code in (Reason.CUDA_ERROR, Reason.CRASH), bad.reason
     assert good.correct, good.reason
-    assert evaluator.replacements == before + 1
+    assert evaluator.replacements == before
 
 
 def test_a_pycuda_compile_error_keeps_its_line_number(evaluator):

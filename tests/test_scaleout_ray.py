@@ -30,7 +30,8 @@ DATA = Path(__file__).parent / "data" / "evaluate"
 PROBLEM = DATA / "pointwise_problem.py"
 BATCH = ["good_pointwise", "bad_missing_tail", "bad_thread", "bad_small_error",
          "bad_stale_output", "bad_mutates_input", "bad_segfault", "good_pointwise"]
-UNTIMED = EvalConfig(device="cpu", time=False)
+# One input seed for both evaluators: the verdicts compared hold the seeds they were drawn from.
+UNTIMED = EvalConfig(device="cpu", time=False, input_seed=0)
 
 
 @pytest.fixture(scope="module")

@@ -54,7 +54,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cuda", "cpu"), default=None,
                         help="default: cuda when a GPU is visible, else cpu")
     parser.add_argument("--trials", type=int, default=None, help="timing trials")
-    parser.add_argument("--seed", type=int, default=0, help="first of the correctness seeds")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="the inputs' seed, to reproduce a verdict (default: drawn anew)")
     parser.add_argument("--json", action="store_true", help="print the verdict as one JSON object")
     parser.add_argument("--counters", action="store_true",
                         help="read the candidate's hardware counters with Nsight Compute (GPU)")
@@ -62,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     source = read_source(args.candidate, "candidate")
     check_candidate_source(source, args.candidate)
     check_problem_source(read_source(args.problem, "problem"), args.problem)
-    config = EvalConfig(seeds=(args.seed, args.seed + 1, args.seed + 2), trials=args.trials,
+    config = EvalConfig(input_seed=args.seed, trials=args.trials,
                         **({"device": args.device} if args.device else {}))
     with Evaluator(config, workers=1) as evaluator:
         verdict = evaluator.evaluate_many([(args.problem, source)], counters=args.counters)[0]

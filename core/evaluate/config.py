@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from core.profile.roofline import GpuPeaks
+
 # Per-device defaults. On CUDA 100 trials after 10 warm-ups keep the median of a 30 µs kernel
 # steady while costing a few milliseconds; the Triton interpreter on the CPU runs a small kernel
 # in tens of milliseconds, so a few trials show the rules run without making CI slow.
@@ -25,16 +27,28 @@ def default_device() -> str:
 
 @dataclass
 class EvalConfig:
-    """How a candidate is judged. The trust rules themselves cannot be switched off here."""
+    """How a candidate is judged. The trust rules themselves cannot be switched off here.
+
+    `seeds` seed the models' parameters (the first) and number the trials; the inputs of each
+    trial are drawn from `input_seed` plus the trial's seed, `input_seed` drawn at random for
+    every evaluation unless it is set (to reproduce a verdict): answers prepared for known seeds
+    meet inputs nobody knew."""
 
     device: str = field(default_factory=default_device)
     seeds: tuple[int, ...] = (0, 1, 2)
+    input_seed: int | None = None
     warmup: int | None = None
     trials: int | None = None
     time: bool = True
     tolerance: float | None = None
     compile_timeout_s: float = 180.0
     run_timeout_s: float = 120.0
+    # The candidate's process's CPU seconds (load does not speed a busy loop towards it);
+    # None: the two wall-clock limits together.
+    cpu_timeout_s: float | None = None
+    # Host memory a candidate's process may take beyond its start (and on CUDA device memory
+    # beyond the judge's own); None: `core.evaluate.memory.candidate_limits` sizes it.
+    candidate_memory_bytes: int | None = None
     startup_timeout_s: float = 120.0
     reverify_above: float = 10.0
     rotation_budget_bytes: int = 1 << 30
@@ -50,6 +64,10 @@ class EvalConfig:
     # Device memory all the workers on one GPU may hold at once (`core.evaluate.memory`);
     # None: what the GPU has free when the first candidate is judged.
     memory_bytes: int | None = None
+    # The bandwidth (TB/s) of the byte floor no timing may beat: a kernel timed under it is
+    # impossible, so rejected. None: an H200's on CUDA, and no floor on the CPU, whose timings
+    # say nothing of a GPU's (tests set a slow one to exercise the rule there).
+    bandwidth_tbps: float | None = None
 
     def __post_init__(self) -> None:
         if self.device not in DEFAULT_TRIALS:
@@ -68,6 +86,24 @@ class EvalConfig:
         """This config, asking for hardware counters, with the run's time limit grown to fit."""
         return dataclasses.replace(self, counters=True,
                                    run_timeout_s=self.run_timeout_s + self.counters_timeout_s)
+
+    @property
+    def cpu_limit_s(self) -> float:
+        if self.cpu_timeout_s is not None:
+            return self.cpu_timeout_s
+        return self.compile_timeout_s + self.run_timeout_s
+
+    @property
+    def floor_bandwidth(self) -> float:
+        """Bytes per second of the byte floor (`core.evaluate.diagnosis.byte_floor_ms`)."""
+        if self.bandwidth_tbps is not None:
+            return self.bandwidth_tbps * 1e12
+        return GpuPeaks().bandwidth
+
+    @property
+    def floor_applies(self) -> bool:
+        """Whether a timing under the byte floor is rejected as impossible."""
+        return self.device == "cuda" or self.bandwidth_tbps is not None
 
     @property
     def warmup_count(self) -> int:

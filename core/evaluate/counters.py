@@ -214,15 +214,22 @@ def collect(problem_path: Path, candidate_path: Path, seed: int, timeout_s: floa
 def profiled_forward(problem_path: Path, candidate_path: Path, seed: int,
                      lock_path: str | None) -> None:
     """Build the candidate as the judge does, warm it (compiling its kernels), and run one
-    forward under the profiler, holding the device alone."""
+    forward under the profiler, holding the device alone. The candidate is confined first:
+    writes only beside it, in the temporary folder (ncu's files) and to the GPU's devices."""
+    import tempfile
+
     import torch
 
+    from core.evaluate.sandbox import device_paths, restrict_writes
     from core.runtime import cuda as cuda_runtime
     from core.runtime.problem_loader import import_file, load_problem
     from core.timing.device_lock import exclusive_device
 
     sys.modules.setdefault("cuda_runtime", cuda_runtime)
     problem = load_problem(problem_path)
+    # ncu's injected library talks to ncu over sockets of its own: TCP stays open here.
+    restrict_writes([candidate_path.parent, Path(tempfile.gettempdir()),
+                             *device_paths("cuda")], tcp=True)
     module = import_file(candidate_path, candidate_path.stem)
     device = torch.device("cuda")
     init = problem.init_inputs()

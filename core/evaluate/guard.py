@@ -2,15 +2,24 @@
 wrote outside its buffers or left them unwritten.
 
 While a `Guard` is active, every uninitialized allocation the candidate makes (`torch.empty` and
-its relatives) is placed between guard bands inside a larger buffer and filled with a poison
-pattern (a NaN payload for floats). Afterwards an element that still holds the poison was never
-written, and a changed guard byte was written out of bounds. Kernel launches are counted by
-wrapping Triton's and pycuda's launchers; torch ops run inside a launch (the Triton interpreter
-copies arguments with torch) are not the candidate's own.
+its relatives) is placed in a guarded buffer (`GuardedBuffer`) and filled with a poison pattern (a
+NaN payload for floats). Afterwards an element that still holds the poison was never written, and
+a changed guard byte was written out of bounds. The bands are sized to the data (`band_bytes`).
+On the CPU a buffer is shared memory (`core.evaluate.transport.Region`) mapped between
+inaccessible pages, so a write beyond a band faults.
+
+Kernel launches are counted by wrapping Triton's and pycuda's launchers. A torch op that runs
+during a launch (in a grid callable, a heuristic, a pre-run hook) is recorded apart: the
+interpreter's own argument copies are layout ops; anything else there is torch compute.
+
+Buffers can be made before a call (`Guard.prepare`) from the allocations of the call before, so
+that a timed call takes ready buffers instead of filling new ones inside the timed region: every
+call, checked or timed, gets the same kind of buffers by the same path.
 """
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -18,8 +27,12 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-GUARD_BYTES = 1024
+from core.evaluate.transport import PAGE, Region, new_region, raw_bytes, storage_span
+
 GUARD_BYTE = 0xA5
+# Bands are sized to the data within these bounds; on the CPU inaccessible pages lie beyond.
+MIN_BAND_BYTES = 128 << 10
+MAX_BAND_BYTES = {"cpu": 1 << 20, "cuda": 16 << 20}
 # Bit patterns used as poison: NaNs with a payload a computation is unlikely to produce.
 FLOAT_POISON = {
     torch.float64: (torch.int64, 0x7FF5A5A5A5A5A5A5),
@@ -42,7 +55,7 @@ LAYOUT_OPS = EMPTY_OPS | frozenset(
      "aten.squeeze", "aten.unsqueeze", "aten.slice", "aten.select", "aten.split",
      "aten.unbind", "aten.clone", "aten.copy_", "aten._to_copy", "aten.detach", "aten.alias",
      "aten.lift_fresh", "aten.view_as", "aten.sym_size", "aten.sym_stride", "aten.sym_numel",
-     "aten.is_contiguous", "aten._local_scalar_dense", "aten.set_", "aten.resize_"}
+     "aten.is_contiguous", "aten.set_", "aten.resize_"}
 )
 ANCHOR_OPS = {
     "aten.mm": "matmul", "aten.addmm": "matmul", "aten.bmm": "matmul", "aten.baddbmm": "matmul",
@@ -54,11 +67,13 @@ ANCHOR_OPS = {
 
 
 class LaunchCounter:
-    """Kernel launches since the last reset; torch ops inside a launch are not the candidate's."""
+    """Kernel launches since the last reset; how deep inside a launcher (an autotuner, a
+    heuristic, a kernel's own launch) the current code is, and inside how many launches."""
 
     def __init__(self) -> None:
         self.launches = 0
         self.depth = 0
+        self.launching = 0
 
 
 COUNTER = LaunchCounter()
@@ -66,13 +81,15 @@ COUNTER = LaunchCounter()
 
 def _counting(method: Any, count: bool) -> Any:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if count and COUNTER.depth == 0:
+        if count and COUNTER.launching == 0:
             COUNTER.launches += 1
         COUNTER.depth += 1
+        COUNTER.launching += count
         try:
             return method(*args, **kwargs)
         finally:
             COUNTER.depth -= 1
+            COUNTER.launching -= count
 
     wrapper.kiln_counting = True  # type: ignore[attr-defined]
     return wrapper
@@ -86,8 +103,6 @@ def _wrap(cls: type, name: str, count: bool) -> None:
 
 def install_launch_counters() -> None:
     """Wrap Triton's launchers (and pycuda's, once imported); safe to call repeatedly."""
-    import sys
-
     from triton.runtime import autotuner, interpreter, jit
 
     _wrap(jit.JITFunction, "run", count=True)
@@ -100,16 +115,61 @@ def install_launch_counters() -> None:
             _wrap(function, name, count=True)
 
 
+def band_bytes(data_bytes: int, device: torch.device) -> int:
+    """A buffer's band on each side: the data's size, within MIN/MAX_BAND_BYTES."""
+    rounded = -(-data_bytes // PAGE) * PAGE
+    return max(MIN_BAND_BYTES, min(MAX_BAND_BYTES.get(device.type, MIN_BAND_BYTES), rounded))
+
+
 @dataclass
 class GuardedBuffer:
+    """Bytes holding guard bands around `data_bytes` of data at `data_start`; on the CPU the
+    shared `region` they live in."""
+
     backing: torch.Tensor
+    data_start: int
     data_bytes: int
     label: str
+    region: Region | None = None
 
     def changed_guard_bytes(self) -> int:
-        before = self.backing[:GUARD_BYTES]
-        after = self.backing[GUARD_BYTES + self.data_bytes:]
-        return int((before != GUARD_BYTE).sum() + (after != GUARD_BYTE).sum())
+        bands = (self.backing[:self.data_start], self.backing[self.data_start + self.data_bytes:])
+        return sum(0 if torch.equal(band, _pattern(band)) else int((band != GUARD_BYTE).sum())
+                   for band in bands)
+
+    def view(self, dtype: torch.dtype, shape: tuple[int, ...] | torch.Size,
+             stride: tuple[int, ...]) -> torch.Tensor:
+        """The data as a tensor of `dtype` with this shape and these strides."""
+        size = torch.empty((), dtype=dtype).element_size()
+        tensor = torch.empty(0, dtype=dtype, device=self.backing.device)
+        tensor.set_(self.backing.untyped_storage(), self.data_start // size, shape, stride)
+        return tensor
+
+
+_PATTERNS: dict[torch.device, torch.Tensor] = {}
+
+
+def _pattern(band: torch.Tensor) -> torch.Tensor:
+    """GUARD_BYTE repeated as long as `band`, on its device (one buffer per device, grown as
+    needed: comparing with it is a memcmp, where counting differences allocates)."""
+    pattern = _PATTERNS.get(band.device)
+    if pattern is None or pattern.numel() < band.numel():
+        pattern = torch.full((max(band.numel(), 1 << 20),), GUARD_BYTE, dtype=torch.uint8,
+                             device=band.device)
+        _PATTERNS[band.device] = pattern
+    return pattern[:band.numel()]
+
+
+def guarded_buffer(data_bytes: int, device: torch.device, label: str) -> GuardedBuffer:
+    """Fresh guarded bytes for `data_bytes` of data, the bands filled with GUARD_BYTE."""
+    band = band_bytes(data_bytes, device)
+    if device.type == "cpu":
+        region, start = new_region(data_bytes, band)
+        region.bytes[:start].fill_(GUARD_BYTE)
+        region.bytes[start + data_bytes:].fill_(GUARD_BYTE)
+        return GuardedBuffer(region.bytes, start, data_bytes, label, region)
+    backing = torch.full((data_bytes + 2 * band,), GUARD_BYTE, dtype=torch.uint8, device=device)
+    return GuardedBuffer(backing, band, data_bytes, label)
 
 
 def poison(tensor: torch.Tensor) -> None:
@@ -136,26 +196,33 @@ def poison_mask(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.contiguous().view(bits) == probe.view(bits)
 
 
+def _data_bytes(template: torch.Tensor) -> int:
+    return template.untyped_storage().nbytes()
+
+
 def guarded_like(template: torch.Tensor, label: str) -> tuple[torch.Tensor, GuardedBuffer]:
     """An uninitialized, poisoned tensor shaped like `template`, between guard bands."""
-    data_bytes = template.untyped_storage().nbytes()
-    backing = torch.full(
-        (data_bytes + 2 * GUARD_BYTES,), GUARD_BYTE, dtype=torch.uint8, device=template.device
-    )
-    tensor = torch.empty(0, dtype=template.dtype, device=template.device)
-    tensor.set_(backing.untyped_storage(), GUARD_BYTES // template.element_size(),
-                template.shape, template.stride())
-    poison(tensor)
-    return tensor, GuardedBuffer(backing, data_bytes, label)
+    buffer = guarded_buffer(_data_bytes(template), template.device, label)
+    tensor = buffer.view(template.dtype, template.shape, template.stride())
+    poison(buffer.view(template.dtype, (buffer.data_bytes // template.element_size(),), (1,)))
+    return tensor, buffer
 
 
 def guarded_copy(source: torch.Tensor, label: str) -> tuple[torch.Tensor, GuardedBuffer | None]:
-    """A fresh copy of an input; contiguous inputs get guard bands around their storage."""
-    if not source.is_contiguous() or source.numel() == 0:
+    """A fresh copy of an input between guard bands, with the same strides and the same bytes
+    of the storage it reaches (views of a larger storage keep their offsets' gaps)."""
+    if source.numel() == 0:
         return source.clone(), None
-    tensor, buffer = guarded_like(source, label)
-    tensor.copy_(source)
+    start, span = storage_span(source)
+    buffer = guarded_buffer(span, source.device, label)
+    buffer.backing[buffer.data_start:buffer.data_start + span].copy_(
+        raw_bytes(source, start, span))
+    tensor = buffer.view(source.dtype, source.shape, source.stride())
     return tensor, buffer
+
+
+# One allocation of a call: its bytes, dtype and device; `Guard.prepare` makes buffers for them.
+Allocation = tuple[int, torch.dtype, torch.device]
 
 
 class Guard(TorchDispatchMode):
@@ -164,8 +231,19 @@ class Guard(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.ops: Counter[str] = Counter()
+        self.launch_ops: Counter[str] = Counter()  # ops run while a kernel was being launched
         self.buffers: list[GuardedBuffer] = []
+        self.allocations: list[Allocation] = []
+        self.prepared: list[tuple[Allocation, GuardedBuffer]] = []
         self.launches_at_start = 0
+
+    def prepare(self, allocations: list[Allocation]) -> None:
+        """Poisoned buffers for these allocations, handed out in order when they come again."""
+        for index, (data_bytes, dtype, device) in enumerate(allocations):
+            buffer = guarded_buffer(data_bytes, device, f"allocation {index}")
+            size = torch.empty((), dtype=dtype).element_size()
+            poison(buffer.view(dtype, (data_bytes // size,), (1,)))
+            self.prepared.append(((data_bytes, dtype, device), buffer))
 
     def __enter__(self) -> Guard:
         self.launches_at_start = COUNTER.launches
@@ -177,18 +255,33 @@ class Guard(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         result = func(*args, **(kwargs or {}))
-        if COUNTER.depth:
-            return result
         name = str(func.overloadpacket)
+        if COUNTER.depth:
+            self.launch_ops[name] += 1
+            return result
         self.ops[name] += 1
         if name in EMPTY_OPS and isinstance(result, torch.Tensor) and result.numel() > 0:
-            guarded, buffer = guarded_like(result, f"allocation {len(self.buffers)} ({name})")
-            self.buffers.append(buffer)
-            return guarded
+            return self.allocate(result, name)
         return result
 
+    def allocate(self, result: torch.Tensor, name: str) -> torch.Tensor:
+        wanted = (_data_bytes(result), result.dtype, result.device)
+        label = f"allocation {len(self.buffers)} ({name})"
+        self.allocations.append(wanted)
+        if self.prepared and self.prepared[0][0] == wanted:
+            _, buffer = self.prepared.pop(0)
+            buffer.label = label
+            tensor = buffer.view(result.dtype, result.shape, result.stride())
+        else:
+            tensor, buffer = guarded_like(result, label)
+        self.buffers.append(buffer)
+        return tensor
+
     def compute_ops(self) -> list[str]:
-        return sorted(op for op in self.ops if op not in LAYOUT_OPS and op not in ANCHOR_OPS)
+        outside = [op for op in self.ops if op not in LAYOUT_OPS and op not in ANCHOR_OPS]
+        inside = [f"{op} during a kernel launch" for op in self.launch_ops
+                  if op not in LAYOUT_OPS]
+        return sorted(outside) + sorted(inside)
 
     def library_ops(self) -> list[str]:
         return sorted(op for op in self.ops if op in ANCHOR_OPS)

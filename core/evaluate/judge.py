@@ -1,107 +1,140 @@
-"""Judge one candidate against one problem inside the current (worker) process.
+"""Judge one candidate against one problem: the trusted side, which never runs candidate code.
 
-Order of work: import the candidate, build `Model` and `ModelNew` seeded alike, then for every
-seed and the captured inputs run the candidate first (poisoned, guarded allocations, fresh input
-copies) and the reference second, and compare; the second trial hands the candidate the first
-trial's input buffers holding new values, to catch results cached by pointer; time candidate and
-reference alike; re-verify a speedup above the threshold; check once more on unseen inputs after
-timing.
+The candidate runs in a process of its own (`core.evaluate.candidate`, fresh from the zygote for
+each candidate, sandboxed), which hands back only output tensors and timings. Here the judge
+draws the inputs (from a seed drawn for this evaluation), runs the reference, compares, times
+and makes the verdict. Order of work: build `ModelNew` there and `Model` here after the same
+seed; for every seed and the captured inputs run the candidate first (poisoned, guarded
+allocations, fresh input copies) and the reference second, and compare; the third trial hands
+the candidate the first trial's input buffers holding new values, to catch results cached by
+pointer; time candidate (by the same path as the checks, each timed call's output checked) and
+reference; reject a time under the byte floor; re-verify a speedup above the threshold; check once
+more on unseen inputs after timing.
 
-Memory stays within a few times the problem's inputs and outputs, whatever their size: inputs are
-drawn on the device for each trial and dropped after it (`core.evaluate.trial` says what a trial
-holds), and timing rotates copies only while they fit twice in L2. `Verdict.peak_memory_bytes`
-says what a candidate took, and `Verdict.phase_seconds` where its time went.
+Memory stays within a few times the problem's inputs and outputs, whatever their size
+(`core.evaluate.trial` says what a trial holds). `Verdict.peak_memory_bytes` says what a
+candidate took, and `Verdict.phase_seconds` where its time went.
 """
 
 from __future__ import annotations
 
-import os
+import secrets
+import shutil
 import time
+import traceback
 from collections.abc import Callable
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from pathlib import Path
 
 import torch
 
+from core.evaluate.candidate import CandidateProcess, Rejected
 from core.evaluate.config import EvalConfig
-from core.evaluate.correctness import Comparison
 from core.evaluate.counters import collect
 from core.evaluate.diagnosis import diagnose
-from core.evaluate.kernel_report import candidate_report
-from core.evaluate.trial import (
-    Models,
-    Rejected,
-    Trial,
-    build_models,
-    classify,
-    judge_failure,
-    run_trial,
+from core.evaluate.judge_timing import (
+    PhaseClock,
+    below_floor,
+    context_healthy,
+    record_errors,
+    slower_reason,
+    time_both,
+    timing_label,
 )
+from core.evaluate.kernel_report import KernelReport, with_cuda_sources
+from core.evaluate.memory import ProblemBytes, candidate_limits, problem_bytes
+from core.evaluate.trial import Models, Trial, judge_failure, run_trial
 from core.evaluate.verdict import Reason, Verdict
-from core.runtime.problem_loader import (
-    Problem,
-    import_file,
-    load_problem,
-    on_device,
-    write_candidate,
-)
+from core.evaluate.zygote import Zygote
+from core.runtime.problem_loader import Problem, load_problem, on_device, write_candidate
 from core.timing.device_lock import DeviceLock
-from core.timing.model_timing import rotation_sets, time_model
-from core.timing.timer import TimingStats
 
 REVERIFY_SEED_OFFSET = 1000
 
 
 class Judge:
-    """Judges candidates in this process, keeping the last problem loaded."""
+    """Judges candidates, keeping the last problem and its reference model loaded."""
 
-    def __init__(self, workdir: Path) -> None:
-        self.workdir = workdir
+    def __init__(self, workdir: Path, zygote: Zygote, log_path: Path) -> None:
+        self.workdir, self.zygote, self.log_path = workdir, zygote, log_path
         self.problem_key: tuple[str, int] | None = None
         self.problem: Problem | None = None
+        self.sizes: ProblemBytes | None = None
+        self.references: dict[tuple[int, str], torch.nn.Module] = {}
         self.lock = DeviceLock(None)
         self.holds = ExitStack()
+        self.count = 0
 
-    def load(self, path: str, device: torch.device) -> Problem:
+    def load(self, path: str) -> Problem:
         resolved = Path(path).resolve()
         key = (str(resolved), resolved.stat().st_mtime_ns)
         if key != self.problem_key or self.problem is None:
             self.problem, self.problem_key = load_problem(resolved), key
+            self.sizes, self.references = problem_bytes(resolved), {}
         return self.problem
+
+    def reference(self, seed: int, device: torch.device) -> torch.nn.Module:
+        """The problem's `Model`, built after `seed` as KernelBench does (and as `ModelNew` is
+        built in the candidate's process, so that parameters agree)."""
+        assert self.problem is not None
+        key = (seed, str(device))
+        if key not in self.references:
+            init = self.problem.init_inputs()
+            torch.manual_seed(seed)
+            self.references[key] = self.problem.model_class(*init).to(device).eval()
+        return self.references[key]
 
     def pristine(self, seed: int | None, device: torch.device) -> list[object]:
         """A trial's inputs, new for each trial: drawn on the device from `seed`, or the
         captured inputs (`seed` None) moved there."""
         assert self.problem is not None
-        if seed is None:
-            return on_device(list(self.problem.captured_inputs or []), device)
-        return self.problem.inputs(seed, device)
+        try:
+            if seed is None:
+                return on_device(list(self.problem.captured_inputs or []), device)
+            return self.problem.inputs(seed, device)
+        except Exception as err:
+            raise judge_failure(err, "drawing the problem's inputs") from err
 
     def judge(self, problem_path: str, source: str, config: EvalConfig, anchors: set[str],
               on_phase: Callable[[str], None]) -> tuple[Verdict, bool]:
         """The verdict, and whether this process is still fit to judge the next candidate."""
         device = torch.device(config.device)
-        problem = self.load(problem_path, device)
-        candidate_path, module_name = write_candidate(source, self.workdir)
+        problem = self.load(problem_path)
+        self.count += 1
+        scratch = self.workdir / f"candidate-{self.count}"
+        scratch.mkdir()
+        candidate_path, module_name = write_candidate(source, scratch)
         verdict = Verdict(timing_device=timing_label(device))
         self.lock, self.holds = DeviceLock(config.gpu_lock), ExitStack()
         clock = PhaseClock(verdict)
+        process: CandidateProcess | None = None
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         try:
             with self.holds:
-                self.run_checks(verdict, problem, candidate_path, module_name, config,
-                                anchors, on_phase, clock)
+                assert self.sizes is not None
+                process = CandidateProcess(self.zygote, scratch, device,
+                                           candidate_limits(config, self.sizes), self.log_path)
+                models = Models(self.reference(config.seeds[0], device), process)
+                self.run_checks(verdict, problem, models, candidate_path, module_name, source,
+                                config, anchors, on_phase, clock)
         except Rejected as rejection:
             verdict.reason_code, verdict.reason = rejection.code, rejection.reason
             verdict.compile_log = rejection.log
             verdict.compiled = verdict.compiled and rejection.compiled
+            verdict.crashed, verdict.timed_out = rejection.crashed, rejection.timed_out
             verdict.correct = verdict.accepted = False
             return verdict, rejection.healthy and context_healthy(device)
+        except Exception:  # the judge's own failure is this candidate's verdict; the run goes on
+            verdict.reason_code, verdict.correct = Reason.JUDGE_ERROR, False
+            verdict.reason = "the evaluator failed judging this candidate"
+            verdict.compile_log = traceback.format_exc()
+            return verdict, False
         finally:
             clock.stop()
-            if device.type == "cuda":
-                verdict.peak_memory_bytes = torch.cuda.max_memory_allocated(device)
+            if process is not None:
+                self.finish(verdict, process, device)
+            shutil.rmtree(scratch, ignore_errors=True)
         not_faster = slower_reason(verdict, config.time)
         if not_faster is None:
             verdict.accepted = True
@@ -109,26 +142,29 @@ class Judge:
             verdict.reason_code, verdict.reason = not_faster
         return verdict, True
 
-    def run_checks(self, verdict: Verdict, problem: Problem, candidate_path: Path,
-                   module_name: str, config: EvalConfig, anchors: set[str],
+    def finish(self, verdict: Verdict, process: CandidateProcess, device: torch.device) -> None:
+        """The candidate's process ends; on CUDA the verdict's peak is the judge's and its."""
+        peak = None
+        if device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(device)
+            if not process.ended:
+                with suppress(Rejected):
+                    peak += process.peak_memory_bytes(time.monotonic() + 10) or 0
+        verdict.peak_memory_bytes = peak
+        process.close()
+
+    def run_checks(self, verdict: Verdict, problem: Problem, models: Models, candidate_path: Path,
+                   module_name: str, source: str, config: EvalConfig, anchors: set[str],
                    on_phase: Callable[[str], None], clock: PhaseClock) -> None:
         device = torch.device(config.device)
+        base = config.input_seed if config.input_seed is not None else secrets.randbelow(1 << 31)
         clock.start("compile")
-        try:
-            module = import_file(candidate_path, module_name)
-            if not hasattr(module, "ModelNew"):
-                raise Rejected(Reason.NO_MODEL_NEW, "the candidate defines no ModelNew",
-                               compiled=False)
-            models = build_models(problem, module.ModelNew, config.seeds[0], device)
-        except Rejected:
-            raise
-        except Exception as err:
-            rejection = classify(err, candidate_path)
-            if rejection.code is Reason.RUNTIME_ERROR:
-                rejection.code, rejection.compiled = Reason.INIT_ERROR, False
-            raise rejection from err
+        deadline = time.monotonic() + config.compile_timeout_s
+        models.candidate.build(candidate_path, module_name, problem.init_inputs(),
+                               config.seeds[0], deadline)
         verdict.compiled = True
-        labels: list[tuple[str, int | None]] = [(f"seed {s}", s) for s in config.seeds]
+        labels: list[tuple[str, int | None]] = [(f"seed {base + s}", base + s)
+                                                for s in config.seeds]
         if problem.captured_inputs is not None:
             labels.append(("captured", None))
         trials: list[Trial] = []
@@ -140,12 +176,14 @@ class Judge:
             for label, seed in labels:
                 reused = trials[0] if len(trials) == reuse_at else None
                 trial = self.checked_trial(models, label, seed, device, config, anchors,
-                                           candidate_path, previous=trials, reused=reused,
+                                           deadline, previous=trials, reused=reused,
                                            keep=not trials)
                 if reused is not None:
-                    reused.buffers = None
+                    reused.copies = None
                 if not trials:
                     on_phase("compiled")
+                    models.candidate.phase = "run"
+                    deadline = time.monotonic() + config.run_timeout_s
                     clock.start("checks")
                     # The first trial compiled the candidate (seconds of CPU work) without the
                     # device lock; from here on its kernels only run: they share the device with
@@ -154,62 +192,65 @@ class Judge:
                 trials.append(trial)
                 verdict.trials_checked.append(label)
                 record_errors(verdict, trial.comparison)
+        trials[0].copies = None
         verdict.correct = True
-        report = candidate_report(module, candidate_path.read_text())
+        report = with_cuda_sources(
+            KernelReport.from_dict(models.candidate.kernel_report(deadline)), source)
         verdict.kernel_report = report.to_dict()
         verdict.library_ops = sorted(models.library_ops)
         verdict.kernel_launches = models.launches
         name, tol = next(iter(models.tolerances.values()), ("exact", 0.0))
         verdict.tolerance_name, verdict.tolerance = name, tol
+        timing_seed = base + config.seeds[0]
         if config.time:
             clock.start("timing")
-            self.timed(verdict, models, device, config)
+            self.timed(verdict, models, timing_seed, device, config, anchors, deadline)
+            impossible = below_floor(verdict, trials[0].floor_ms, config)
+            if config.floor_applies and impossible:
+                verdict.flagged = True
+                raise Rejected(Reason.BELOW_FLOOR, impossible)
         if verdict.speedup is not None and verdict.speedup > config.reverify_above:
             clock.start("checks")
-            self.reverify(verdict, models, device, config, anchors, candidate_path)
+            self.reverify(verdict, models, base, timing_seed, device, config, anchors,
+                          deadline)
         # Latencies measured on the CPU say nothing about a GPU's byte floor.
         gpu_latency = verdict.latency_ms if device.type == "cuda" else None
         counters = None
         if config.counters:
             clock.start("counters")
-            # The profiled program takes the device lock itself, alone, around the forward
-            # that ncu replays: those kernels must not overlap anyone's, nor anyone's them.
-            with self.lock.released():
+            # The profiled program runs while this judge holds the device alone: its kernels
+            # must not overlap anyone's, nor anyone's them.
+            with self.lock.exclusive():
                 counters = collect(problem.path, candidate_path, config.seeds[0],
-                                   config.counters_timeout_s, device.type, config.gpu_lock)
+                                   config.counters_timeout_s, device.type)
             verdict.counters = counters.to_dict()
         verdict.diagnosis = str(diagnose(report, gpu_latency, trials[0].floor_ms,
                                          verdict.baseline_ms, counters))
         clock.start("checks")
-        after_seed = max(config.seeds) + 1
+        after_seed = base + max(config.seeds) + 1
+        label = f"seed {after_seed} after timing"
         try:
             with torch.no_grad():
-                self.checked_trial(models, f"seed {after_seed} after timing", after_seed, device,
-                                   config, anchors, candidate_path, previous=[])
+                self.checked_trial(models, label, after_seed, device, config, anchors,
+                                   deadline, previous=[])
         except Rejected as rejection:
-            if rejection.code in (Reason.CUDA_ERROR, Reason.OUT_OF_MEMORY, Reason.RUNTIME_ERROR):
+            if rejection.code not in (Reason.WRONG_VALUES, Reason.UNWRITTEN_OUTPUT,
+                                      Reason.NAN_INF, Reason.CACHED_RESULT,
+                                      Reason.SHAPE_MISMATCH, Reason.DTYPE_MISMATCH):
                 raise
             raise Rejected(Reason.WRONG_AFTER_TIMING,
                            f"correct at first, wrong after being timed: {rejection.reason}"
                            ) from rejection
-        verdict.trials_checked.append(f"seed {after_seed} after timing")
+        verdict.trials_checked.append(label)
 
     def checked_trial(self, models: Models, label: str, seed: int | None, device: torch.device,
-                      config: EvalConfig, anchors: set[str], candidate_path: Path,
+                      config: EvalConfig, anchors: set[str], deadline: float,
                       previous: list[Trial], reused: Trial | None = None,
                       keep: bool = False) -> Trial:
-        """One trial; `keep`: its input buffers stay with it, for the next trial to reuse."""
-        try:
-            pristine = self.pristine(seed, device)
-        except Exception as err:
-            raise judge_failure(err, "drawing the problem's inputs") from err
-        try:
-            trial = run_trial(models, label, pristine, device, anchors, config,
-                              None if reused is None else reused.buffers, keep=keep)
-        except Rejected:
-            raise
-        except Exception as err:
-            raise classify(err, candidate_path) from err
+        """One trial; `keep`: its input copies stay with it, for a later trial to reuse."""
+        pristine = self.pristine(seed, device)
+        trial = run_trial(models, label, pristine, device, anchors, config, deadline,
+                          None if reused is None else reused.copies, keep=keep)
         mismatch = trial.comparison.mismatch
         if mismatch:
             if reused is not None and trial.fingerprint == reused.fingerprint:
@@ -224,101 +265,26 @@ class Judge:
             raise Rejected(mismatch.code, f"{label}: {mismatch.message}")
         return trial
 
-    def timed(self, verdict: Verdict, models: Models, device: torch.device,
-              config: EvalConfig) -> None:
-        """Candidate, then reference, on the same input sets: the candidate was just shown to
-        leave its inputs alone, and what the reference does to them after does not matter."""
-        try:
-            input_sets = rotation_sets(self.pristine(config.seeds[0], device), device,
-                                       config.rotation_budget_bytes)
-        except Exception as err:
-            raise judge_failure(err, "making the timing's input copies") from err
-        with self.lock.exclusive():
-            cand = time_model(models.candidate, input_sets, device, config.warmup_count,
-                              config.trial_count, config.warmup_time_ms)
-            base = time_model(models.reference, input_sets, device, config.warmup_count,
-                              config.trial_count, config.warmup_time_ms)
-        record_timing(verdict, cand, base)
+    def timed(self, verdict: Verdict, models: Models, seed: int, device: torch.device,
+              config: EvalConfig, anchors: set[str], deadline: float) -> None:
+        with torch.no_grad():
+            time_both(verdict, models, self.pristine(seed, device), device, config, anchors,
+                      deadline, self.lock)
 
-    def reverify(self, verdict: Verdict, models: Models, device: torch.device,
-                 config: EvalConfig, anchors: set[str], candidate_path: Path) -> None:
+    def reverify(self, verdict: Verdict, models: Models, base: int, timing_seed: int,
+                 device: torch.device, config: EvalConfig, anchors: set[str],
+                 deadline: float) -> None:
         first = verdict.speedup or 0.0
         with torch.no_grad():
             for seed in config.seeds:
-                fresh = seed + REVERIFY_SEED_OFFSET
-                self.checked_trial(models, f"seed {fresh} (re-verification)", fresh, device,
-                                   config, anchors, candidate_path, previous=[])
-                verdict.trials_checked.append(f"seed {fresh} (re-verification)")
-        self.timed(verdict, models, device, config)
+                fresh = base + seed + REVERIFY_SEED_OFFSET
+                label = f"seed {fresh} (re-verification)"
+                self.checked_trial(models, label, fresh, device, config, anchors, deadline,
+                                   previous=[])
+                verdict.trials_checked.append(label)
+        self.timed(verdict, models, timing_seed, device, config, anchors, deadline)
         second = verdict.speedup or 0.0
         verdict.flagged = True
         if second < first / 2:
             raise Rejected(Reason.SPEEDUP_NOT_REPRODUCED,
                            f"measured {first:.1f}x, then {second:.1f}x when timed again")
-
-
-def slower_reason(verdict: Verdict, timed: bool) -> tuple[Reason, str] | None:
-    """Why a correct candidate is not accepted: not faster than the reference, or not timed."""
-    if not timed:
-        return Reason.NOT_TIMED, "correct; not timed, so not known to be faster"
-    if verdict.speedup is not None and verdict.speedup > 1.0:
-        return None
-    return Reason.SLOWER, (f"correct, but {verdict.speedup or 0.0:.2f}x the speed of the PyTorch "
-                           f"reference ({verdict.latency_ms:.4g} ms against "
-                           f"{verdict.baseline_ms:.4g} ms)")
-
-
-class PhaseClock:
-    """Seconds of a verdict's judging spent in each phase (compile, checks, timing, counters),
-    written into `verdict.phase_seconds` as the phases change."""
-
-    def __init__(self, verdict: Verdict) -> None:
-        self.verdict = verdict
-        self.phase: str | None = None
-        self.since = time.perf_counter()
-
-    def start(self, phase: str | None) -> None:
-        now = time.perf_counter()
-        if self.phase is not None:
-            spent = self.verdict.phase_seconds.get(self.phase, 0.0) + now - self.since
-            self.verdict.phase_seconds[self.phase] = spent
-        self.phase, self.since = phase, now
-
-    def stop(self) -> None:
-        self.start(None)
-
-
-def record_errors(verdict: Verdict, comparison: Comparison) -> None:
-    verdict.max_abs_err = max(verdict.max_abs_err or 0.0, comparison.max_abs_err)
-    verdict.max_rel_err = max(verdict.max_rel_err or 0.0, comparison.max_rel_err)
-
-
-def record_timing(verdict: Verdict, candidate: TimingStats, baseline: TimingStats) -> None:
-    verdict.latency_ms = candidate.median_ms
-    verdict.latency_mean_ms = candidate.mean_ms
-    verdict.latency_min_ms = candidate.min_ms
-    verdict.latency_max_ms = candidate.max_ms
-    verdict.latency_stdev_ms = candidate.stdev_ms
-    verdict.timing_trials = candidate.trials
-    verdict.baseline_ms = baseline.median_ms
-    verdict.speedup = baseline.median_ms / candidate.median_ms if candidate.median_ms else None
-
-
-def timing_label(device: torch.device) -> str:
-    if device.type == "cuda":
-        return f"cuda ({torch.cuda.get_device_name(device)})"
-    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
-    return "cpu (Triton interpreter)" if interpreted else "cpu"
-
-
-def context_healthy(device: torch.device) -> bool:
-    """After a CUDA error the context may be poisoned for good: probe it with a sync."""
-    if device.type != "cuda":
-        return True
-    try:
-        torch.cuda.synchronize(device)
-        torch.ones(1, device=device).add_(1).item()
-    except RuntimeError:
-        return False
-    return True
-

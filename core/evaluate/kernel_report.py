@@ -275,7 +275,11 @@ def triton_report(module: ModuleType) -> KernelReport:
 
 def candidate_report(module: ModuleType, source: str) -> KernelReport:
     """Everything known about the kernels of a candidate that has run (its module, its source)."""
-    report = triton_report(module)
+    return with_cuda_sources(triton_report(module), source)
+
+
+def with_cuda_sources(report: KernelReport, source: str) -> KernelReport:
+    """`report` (the Triton kernels', read where the candidate ran) with its CUDA sources'."""
     for cuda in cuda_sources(source):
         part = cuda_source_report(cuda)
         report.kernels += part.kernels

@@ -27,15 +27,21 @@ from typing import IO
 
 import torch
 
+from core.evaluate.config import EvalConfig
 from core.evaluate.correctness import flatten
+from core.evaluate.sandbox import Limits
 from core.runtime.problem_loader import load_problem
 from core.timing.device_lock import lock_folder
 
 # What judging needs, in multiples of the problem's input and output bytes.
 JUDGE_FACTOR = 3
-# A worker's CUDA context, its allocator's pools and the kernels' modules, held whatever it
-# judges.
-WORKER_OVERHEAD_BYTES = 1 << 30
+# A worker's CUDA contexts (the judge's and its candidate's process's), their allocators' pools
+# and the kernels' modules, held whatever it judges.
+WORKER_OVERHEAD_BYTES = 2 << 30
+# What a candidate's process may take beyond its inputs and outputs: Triton's compiler, CUDA's
+# libraries, the candidate's own scratch.
+CANDIDATE_HOST_BYTES = 4 << 30
+CANDIDATE_DEVICE_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,15 @@ def problem_bytes(path: str | Path, seed: int = 0) -> ProblemBytes:
     except Exception:  # an op without a meta kernel: the estimate falls back, nothing is lost
         out_bytes = in_bytes
     return ProblemBytes(in_bytes, out_bytes)
+
+
+def candidate_limits(config: EvalConfig, sizes: ProblemBytes) -> Limits:
+    """The CPU seconds and memory of a candidate's process: its share of what judging the
+    problem takes, and room for its compiler; `EvalConfig.candidate_memory_bytes` when set."""
+    host = config.candidate_memory_bytes or CANDIDATE_HOST_BYTES + 2 * sizes.needed
+    device = (config.candidate_memory_bytes or CANDIDATE_DEVICE_BYTES + sizes.needed
+              if config.device == "cuda" else None)
+    return Limits(config.cpu_limit_s, host, device)
 
 
 class MemoryBudget:

@@ -38,8 +38,8 @@ from core.evaluate.memory import (
     ProblemBytes,
     problem_bytes,
 )
-from core.evaluate.verdict import Verdict
-from core.evaluate.worker import Request, Worker
+from core.evaluate.verdict import Reason, Verdict
+from core.evaluate.worker import Request, Worker, WorkerError
 from core.runtime.errors import KilnInputError
 from core.timing.device_lock import device_lock_path, physical_gpu
 
@@ -156,27 +156,53 @@ class WorkerPool:
 
     def map(self, jobs: Sequence[Callable[[Callable[[Request], Verdict]], Verdict]]
             ) -> list[Verdict]:
-        """Run each job with a function that evaluates a request on a free worker."""
+        """Run each job with a function that evaluates a request on a free worker. A failure of
+        Kiln's own judging is that candidate's verdict; on Ctrl-C no pending job starts and the
+        busy workers are killed, so that the interrupt ends the batch at once."""
         pending: queue.Queue[int] = queue.Queue()
         for index in range(len(jobs)):
             pending.put(index)
         results: list[Verdict | None] = [None] * len(jobs)
+        stop = threading.Event()
 
         def drain(slot: int) -> None:
-            while True:
+            while not stop.is_set():
                 try:
                     index = pending.get_nowait()
                 except queue.Empty:
                     return
                 began = time.monotonic()
-                verdict = jobs[index](lambda request: self.run_on(slot, request))
+                try:
+                    verdict = jobs[index](lambda request: self.run_on(slot, request))
+                except WorkerError as err:
+                    self.retire(slot)
+                    verdict = Verdict.rejected(Reason.JUDGE_ERROR,
+                                               f"the evaluator failed judging it: {err}")
                 verdict.eval_seconds = time.monotonic() - began
                 results[index] = verdict
 
-        with ThreadPoolExecutor(self.size) as threads:
-            for future in [threads.submit(drain, slot) for slot in range(self.size)]:
+        threads = ThreadPoolExecutor(self.size)
+        futures = [threads.submit(drain, slot) for slot in range(self.size)]
+        try:
+            for future in futures:
                 future.result()
+        except KeyboardInterrupt:
+            stop.set()
+            # Kill until every thread is back: a worker still starting joins the pool later.
+            while not all(future.done() for future in futures):
+                for slot in range(self.size):
+                    self.retire(slot)
+                time.sleep(0.1)
+            raise
+        finally:
+            threads.shutdown(wait=True)
         return [verdict for verdict in results if verdict is not None]
+
+    def retire(self, slot: int) -> None:
+        """Drop the slot's worker after a failure of Kiln's own; the next job starts another."""
+        worker = self.workers[slot]
+        if worker is not None:
+            worker.kill()
 
     def close(self) -> None:
         for worker in self.workers:

@@ -21,30 +21,33 @@ from core.timing.model_timing import rotation_sets, time_model
 @dataclass(frozen=True)
 class SiteBaseline:
     eager_ms: float
-    compile_ms: float
+    compile_ms: float | None  # None: not compiled (`time_site(..., compile=False)`)
 
     @property
     def best_ms(self) -> float:
-        return min(self.eager_ms, self.compile_ms)
+        return self.eager_ms if self.compile_ms is None else min(self.eager_ms, self.compile_ms)
 
 
-def time_site(problem_path: Path, config: EvalConfig) -> SiteBaseline:
-    """Eager and compiled medians of the site problem's `Model` on its seed-0 inputs."""
+def time_site(problem_path: Path, config: EvalConfig, compile: bool = True) -> SiteBaseline:
+    """Eager and compiled medians of the site problem's `Model` on its seed-0 inputs;
+    `compile=False`: eager only (a run that keeps sites out of torch.compile)."""
     device = torch.device(config.device)
     problem = load_problem(problem_path)
     torch.manual_seed(config.seeds[0])
     model = problem.model_class(*problem.init_inputs()).to(device).eval()
     pristine = problem.inputs(config.seeds[0], device)
     input_sets = rotation_sets(pristine, device, config.rotation_budget_bytes)
-    compiled = torch.compile(model, dynamic=False)
-    with torch.no_grad():
-        compiled(*input_sets[0])  # compiled here, not inside the timing
+    runs: list[torch.nn.Module] = [model]
+    if compile:
+        runs.append(torch.compile(model, dynamic=False))
+        with torch.no_grad():
+            runs[1](*input_sets[0])  # compiled here, not inside the timing
     with exclusive_device(config.gpu_lock or device_lock_path(config.device)):
         times = [time_model(run, input_sets, device, config.warmup_count, config.trial_count,
-                            config.warmup_time_ms).median_ms for run in (model, compiled)]
-    del input_sets, pristine, model, compiled
+                            config.warmup_time_ms).median_ms for run in runs]
+    del input_sets, pristine, model, runs
     if device.type == "cuda":
         # This runs in the optimizer's own process: hand the site's memory back to the
         # device for the evaluation workers.
         torch.cuda.empty_cache()
-    return SiteBaseline(eager_ms=times[0], compile_ms=times[1])
+    return SiteBaseline(eager_ms=times[0], compile_ms=times[1] if compile else None)

@@ -36,6 +36,8 @@ class Reason(StrEnum):
     CACHED_RESULT = "cached_result"
     WRONG_AFTER_TIMING = "wrong_after_timing"
     SPEEDUP_NOT_REPRODUCED = "speedup_not_reproduced"
+    # Timed faster than its inputs and outputs can move at the device's bandwidth: impossible.
+    BELOW_FLOOR = "below_floor"
     NEEDS_GPU = "needs_gpu"
     OUT_OF_MEMORY = "out_of_memory"
     # The evaluator's own work failed, not the candidate: it was not judged.

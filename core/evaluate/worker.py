@@ -1,14 +1,15 @@
-"""An isolated process that judges candidates, and the handle the parent keeps on it.
+"""A process that judges candidates, and the handle the parent keeps on it.
 
-A candidate can segfault, hang, exhaust memory or leave the CUDA context unusable (CUDA errors
-are sticky for the whole process); only its worker pays. The parent talks to the worker over
-pipes, one JSON object per line, and enforces two time limits: one until the candidate has
-compiled and run once, one for the rest. On a crash or a timeout the worker is killed and the
-verdict says why; a worker that is still healthy is reused, since starting one (importing torch
-and Triton) costs seconds.
+The worker is the judge (`core.evaluate.judge`): it never runs candidate code. Each candidate
+runs in a sandboxed process of its own, forked from the worker's zygote (`core.evaluate.zygote`),
+so a candidate that segfaults, hangs, exhausts memory or leaves its CUDA context unusable costs
+only that process, and the worker goes on with the next candidate. The parent talks to the
+worker over pipes, one JSON object per line, and keeps two time limits of its own, beyond the
+judge's (`JUDGE_SLACK_S` later), in case the judge itself hangs: then the worker is killed and
+replaced. Starting one (importing torch and Triton) costs seconds, so workers are reused.
 
-Run as `python -m core.evaluate.worker`; the protocol's output goes to a private copy of stdout so
-that a candidate's prints land on stderr instead of corrupting it.
+Run as `python -m core.evaluate.worker FOLDER DEVICE`; the protocol's output goes to a private
+copy of stdout, and everything else (the candidates' prints too) to FOLDER/stderr.log.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from core.evaluate.verdict import Reason, Verdict
 from core.runtime.errors import KilnInputError
 
 STDERR_TAIL_CHARS = 3000
+# The judge keeps the candidate's time limits; the parent's own come this much later.
+JUDGE_SLACK_S = 60.0
 
 
 class WorkerError(RuntimeError):
@@ -58,12 +61,15 @@ class Worker:
         env = child_env(device, env)
         with self.stderr_path.open("ab") as stderr:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "core.evaluate.worker", str(self.folder)],
+                [sys.executable, "-m", "core.evaluate.worker", str(self.folder), device],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, env=env,
                 cwd=REPO_ROOT, start_new_session=True,
             )
         self.buffer = b""
         message = self.receive(time.monotonic() + startup_timeout_s)
+        if message is not None and message["type"] == "input_error":
+            self.kill()
+            raise KilnInputError(message["problem"], message["fix"])
         if message is None or message["type"] != "ready":
             self.kill()
             raise WorkerError(f"a {device} worker did not start within {startup_timeout_s:.0f}s:"
@@ -101,6 +107,8 @@ class Worker:
                  ) -> Verdict:
         stderr_start = self.stderr_path.stat().st_size
         self.send({"type": "judge", **request.__dict__})
+        compile_timeout_s += JUDGE_SLACK_S
+        run_timeout_s += JUDGE_SLACK_S
         phase, deadline = "compile", time.monotonic() + compile_timeout_s
         while True:
             message = self.receive(deadline)
@@ -126,8 +134,8 @@ class Worker:
         self.kill()
         return Verdict.rejected(
             Reason.TIMEOUT,
-            f"no verdict within the {phase} time limit of {limit:g}s: the candidate hangs "
-            "or is far too slow; its worker was killed",
+            f"no verdict within the {phase} time limit of {limit:g}s (the judge's own, beyond "
+            "the candidate's): its worker was killed",
             timed_out=True, compiled=phase == "run",
         )
 
@@ -140,7 +148,7 @@ class Worker:
         how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
         return Verdict.rejected(
             Reason.CRASH,
-            f"the worker died ({how}) while running the candidate: "
+            f"the worker died ({how}) while judging the candidate: "
             f"{self.stderr_tail(stderr_start)}",
             crashed=True, compiled=phase == "run",
         )
@@ -167,7 +175,7 @@ class Worker:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def serve(folder: Path) -> None:
+def serve(folder: Path, device: str) -> None:
     """The worker's loop: judge requests from stdin until it closes or the worker is unfit."""
     protocol = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
@@ -180,20 +188,33 @@ def serve(folder: Path) -> None:
     from core.evaluate.config import EvalConfig
     from core.evaluate.guard import install_launch_counters
     from core.evaluate.judge import Judge
+    from core.evaluate.sandbox import SandboxError, require_sandbox
+    from core.evaluate.zygote import Zygote
     from core.runtime import cuda as cuda_runtime
 
+    try:
+        require_sandbox()
+    except KilnInputError as err:
+        send({"type": "input_error", "problem": err.problem, "fix": err.fix})
+        return
+    if device == "cpu":
+        # One intra-op thread: a verdict's timings then repeat on a loaded machine.
+        torch.set_num_threads(1)
     sys.modules.setdefault("cuda_runtime", cuda_runtime)
     install_launch_counters()
-    judge = Judge(folder)
+    # Forked before this process touches CUDA: candidates' processes start CUDA afresh.
+    try:
+        zygote = Zygote(device)
+    except SandboxError as err:
+        send({"type": "input_error", "problem": str(err),
+              "fix": "judge where a process may make network and PID namespaces (root, or "
+                     "unprivileged user namespaces enabled) and Landlock is enabled"})
+        return
+    judge = Judge(folder, zygote, folder / "stderr.log")
     send({"type": "ready"})
     for line in sys.stdin:
         request = json.loads(line)
         config = EvalConfig.from_dict(request["config"])
-        if "cuda" in request["tier"] and config.device == "cuda":
-            import pycuda.driver  # noqa: F401 - its launchers are wrapped below
-
-            cuda_runtime.ensure_context()
-            install_launch_counters()
         try:
             verdict, healthy = judge.judge(
                 request["problem_path"], request["candidate_source"], config,
@@ -213,8 +234,9 @@ def serve(folder: Path) -> None:
             torch.cuda.empty_cache()
         send({"type": "verdict", "verdict": verdict.to_dict(), "healthy": healthy})
         if not healthy:
-            return
+            break
+    zygote.close()
 
 
 if __name__ == "__main__":
-    serve(Path(sys.argv[1]))
+    serve(Path(sys.argv[1]), sys.argv[2])

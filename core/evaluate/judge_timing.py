@@ -1,0 +1,157 @@
+"""The judge's timing of a candidate and its reference, and the verdict's bookkeeping around it.
+
+The candidate is timed by the path its checks took: the same kind of guarded input copies, the
+same guard, its process timing each call between the timer's marks (L2 flushed before it). The
+judge sends the calls one by one, rotating through input sets, and checks every call's output and
+inputs as a trial would: a candidate cannot tell a timed call from a checked one, nor be wrong
+only when timed. The reference is timed here by `core.timing.model_timing`, on its own copies of
+the same sets, while the judge holds the device alone.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from core.evaluate.candidate import Rejected
+from core.evaluate.config import EvalConfig
+from core.evaluate.correctness import Comparison, changed_inputs, compare_outputs
+from core.evaluate.exchange import SharedInput
+from core.evaluate.trial import Models, checked_call, judge_failure, shared_copies, tensors_of
+from core.evaluate.verdict import Reason, Verdict
+from core.timing.device_lock import DeviceLock
+from core.timing.model_timing import clone_inputs, rotation_sets, time_model
+from core.timing.timer import TimingStats
+
+
+def time_candidate(models: Models, candidate_sets: list[list[object]],
+                   plain_sets: list[list[object]], references: list[object],
+                   config: EvalConfig, anchors: set[str], deadline: float) -> TimingStats:
+    """Warm-up calls (a count, and a wall-clock minimum), then the timed trials; each call's
+    inputs and output checked against its set's."""
+    calls = 0
+
+    def call() -> float:
+        nonlocal calls
+        index = calls % len(candidate_sets)
+        calls += 1
+        label = f"timed call {calls}"
+        result = checked_call(models, label, candidate_sets[index], deadline, anchors)
+        mutated = changed_inputs(plain_sets[index], tensors_of(candidate_sets[index]))
+        if mutated:
+            raise Rejected(mutated.code, f"{label}: {mutated.message}")
+        mismatch = compare_outputs(result.outputs, references[index],
+                                   models.tolerances).mismatch
+        if mismatch:
+            raise Rejected(Reason.WRONG_AFTER_TIMING, f"correct at first, wrong while being "
+                                                      f"timed ({label}): {mismatch.message}")
+        return result.milliseconds
+
+    began = time.perf_counter()
+    while calls < config.warmup_count or (time.perf_counter() - began) * 1e3 < \
+            config.warmup_time_ms:
+        call()
+    samples = [call() for _ in range(config.trial_count)]
+    return TimingStats.from_samples(samples, models.candidate.device.type)
+
+
+def time_both(verdict: Verdict, models: Models, pristine: list[object], device: torch.device,
+              config: EvalConfig, anchors: set[str], deadline: float, lock: DeviceLock) -> None:
+    """Candidate, then reference, on the same input sets (each on copies of its own)."""
+    try:
+        plain_sets = rotation_sets(pristine, device, config.rotation_budget_bytes)
+        candidate_sets = [shared_copies(models, s) for s in plain_sets]
+        # On clones: a reference may change its inputs in place, the sets must stay as drawn.
+        references = [models.reference(*clone_inputs(s)) for s in plain_sets]
+    except Rejected:
+        raise
+    except Exception as err:
+        raise judge_failure(err, "making the timing's input copies") from err
+    with lock.exclusive():
+        candidate = time_candidate(models, candidate_sets, plain_sets, references, config,
+                                   anchors, deadline)
+        baseline = time_model(models.reference, plain_sets, device, config.warmup_count,
+                              config.trial_count, config.warmup_time_ms)
+    for copies in candidate_sets:
+        for copy in copies:
+            if isinstance(copy, SharedInput):
+                models.candidate.side.forget(copy)
+    record_timing(verdict, candidate, baseline)
+
+
+def below_floor(verdict: Verdict, floor_ms: float, config: EvalConfig) -> str:
+    """Why a timing is impossible (faster than moving its bytes at the device's bandwidth), or
+    '' when it is not."""
+    if verdict.latency_ms is None or verdict.latency_ms >= floor_ms:
+        return ""
+    return (f"timed at {verdict.latency_ms:.4g} ms, under the byte floor of {floor_ms:.4g} ms "
+            f"(its inputs read and outputs written once at {config.floor_bandwidth / 1e12:g} "
+            "TB/s): impossible, so the timing is not to be trusted")
+
+
+def slower_reason(verdict: Verdict, timed: bool) -> tuple[Reason, str] | None:
+    """Why a correct candidate is not accepted: not faster than the reference, or not timed."""
+    if not timed:
+        return Reason.NOT_TIMED, "correct; not timed, so not known to be faster"
+    if verdict.speedup is not None and verdict.speedup > 1.0:
+        return None
+    return Reason.SLOWER, (f"correct, but {verdict.speedup or 0.0:.2f}x the speed of the PyTorch "
+                           f"reference ({verdict.latency_ms:.4g} ms against "
+                           f"{verdict.baseline_ms:.4g} ms)")
+
+
+class PhaseClock:
+    """Seconds of a verdict's judging spent in each phase (compile, checks, timing, counters),
+    written into `verdict.phase_seconds` as the phases change."""
+
+    def __init__(self, verdict: Verdict) -> None:
+        self.verdict = verdict
+        self.phase: str | None = None
+        self.since = time.perf_counter()
+
+    def start(self, phase: str | None) -> None:
+        now = time.perf_counter()
+        if self.phase is not None:
+            spent = self.verdict.phase_seconds.get(self.phase, 0.0) + now - self.since
+            self.verdict.phase_seconds[self.phase] = spent
+        self.phase, self.since = phase, now
+
+    def stop(self) -> None:
+        self.start(None)
+
+
+def record_errors(verdict: Verdict, comparison: Comparison) -> None:
+    verdict.max_abs_err = max(verdict.max_abs_err or 0.0, comparison.max_abs_err)
+    verdict.max_rel_err = max(verdict.max_rel_err or 0.0, comparison.max_rel_err)
+
+
+def record_timing(verdict: Verdict, candidate: TimingStats, baseline: TimingStats) -> None:
+    verdict.latency_ms = candidate.median_ms
+    verdict.latency_mean_ms = candidate.mean_ms
+    verdict.latency_min_ms = candidate.min_ms
+    verdict.latency_max_ms = candidate.max_ms
+    verdict.latency_stdev_ms = candidate.stdev_ms
+    verdict.timing_trials = candidate.trials
+    verdict.baseline_ms = baseline.median_ms
+    verdict.speedup = baseline.median_ms / candidate.median_ms if candidate.median_ms else None
+
+
+def timing_label(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(device)})"
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    return "cpu (Triton interpreter)" if interpreted else "cpu"
+
+
+def context_healthy(device: torch.device) -> bool:
+    """After a CUDA error the context may be poisoned for good: probe it with a sync."""
+    if device.type != "cuda":
+        return True
+    try:
+        torch.cuda.synchronize(device)
+        torch.ones(1, device=device).add_(1).item()
+    except RuntimeError:
+        return False
+    return True

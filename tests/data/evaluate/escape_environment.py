@@ -1,0 +1,30 @@
+"""Escape: reads the secrets of the environment it was started in.
+
+It passes no static rule; the sandbox tests hand it to a worker directly."""
+import os
+
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def fused_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    x = tl.load(x_ptr + offsets, mask=mask)
+    y = tl.load(y_ptr + offsets, mask=mask)
+    tl.store(out_ptr + offsets, x * y + x, mask=mask)
+
+
+
+class ModelNew(nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(x)
+        n = x.numel()
+        fused_kernel[(triton.cdiv(n, 256),)](x, y, out, n, BLOCK=256)
+        names = ("OPENAI_API_KEY", "KILN_TEST_SECRET_TOKEN", "AWS_SECRET_ACCESS_KEY")
+        found = {name: os.environ[name] for name in names if name in os.environ}
+        raise RuntimeError(f"secrets seen: {found}")
+        return out
