@@ -194,8 +194,12 @@ class OptimizeRun:
                     "start a new run for the changed model")
         self.run_id = run_id
         total = float(report["captured_ms"])
+        # A resumed run ranks its sites by the times it measured when it started, so that it
+        # goes on with the sites it chose then, however the new profile's timings wander.
+        times = ({s.key: (s.time_ms, s.floor_ms) for s in state.sites} if state is not None
+                 else {s.key: (s.time_ms, s.floor_ms) for s in profiled.table.sites})
         chosen = sorted((s for s in profiled.table.sites if s.family != "other"),
-                        key=lambda s: -(s.time_ms * (1 - s.floor_ms / max(s.time_ms, 1e-9))))
+                        key=lambda s: -headroom_ms(*times[s.key]))
         chosen = chosen[: config.sites]
         eval_config = config.eval_config()
         runs: list[SiteRun] = []
@@ -379,6 +383,12 @@ class OptimizeRun:
             return {**record, "best": {"candidate_id": None, "tier": "torch",
                                        "latency_ms": None, "speedup": 1.0}}
         return {**record, **self._site_result(searched)}
+
+
+def headroom_ms(time_ms: float | None, floor_ms: float | None) -> float:
+    """What a site could gain: its time scaled by how far it sits above its floor."""
+    time_ms, floor_ms = time_ms or 0.0, floor_ms or 0.0
+    return time_ms * (1 - floor_ms / max(time_ms, 1e-9))
 
 
 def _model_hash(profiled: ProfiledModel) -> str:
