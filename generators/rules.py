@@ -9,7 +9,7 @@ already proposed for the site are skipped, so every child is distinct.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -294,11 +294,25 @@ WRITERS = (
 
 
 
+TF32_WHY = ("fp32 products as one TF32 tensor-core product, as this run's baselines multiply "
+            "(--allow-tf32)")
+
+
+def with_tf32(writer: Writer, settings: object, why: str) -> list[tuple[Writer, object, str]]:
+    """A draft, preceded by its plain-TF32 twin when it multiplies fp32 as three TF32 products."""
+    if getattr(settings, "precision", None) != "tf32x3":
+        return [(writer, settings, why)]
+    return [(writer, replace(settings, precision="tf32"), TF32_WHY), (writer, settings, why)]
+
+
 class RulesGenerator:
     name = "rules"
 
-    def __init__(self, writers: tuple[Writer, ...] = WRITERS) -> None:
+    def __init__(self, writers: tuple[Writer, ...] = WRITERS, allow_tf32: bool = False) -> None:
+        """`allow_tf32`: the run lets fp32 matmuls multiply as TF32 (`--allow-tf32`), so fp32
+        dots are drafted and mutated to plain TF32 too."""
         self.writers = writers
+        self.allow_tf32 = allow_tf32
         self._graphs: dict[Path, SiteGraph | Unsupported] = {}
         self._seen: dict[Path, set[str]] = {}
 
@@ -336,6 +350,8 @@ class RulesGenerator:
             diagnosis = parent.feedback.diagnosis if parent and parent.feedback else ""
             candidates = [(writer, step.settings, step.rationale)
                           for step in diagnosed_neighbours(settings, diagnosis)]
+            if self.allow_tf32 and getattr(settings, "precision", "tf32") != "tf32":
+                candidates.insert(0, (writer, replace(settings, precision="tf32"), TF32_WHY))
         else:
             # No parent, or one from another tier or generator (a Triton kernel seeding the
             # CUDA tier): this tier's drafts, which the search hangs under that parent.
@@ -344,6 +360,8 @@ class RulesGenerator:
                 candidates = [(w, s, "the parent's settings, written in this tier")
                               for w in writers
                               if (s := w.carried(parent.proposal)) is not None] + candidates
+            if self.allow_tf32:
+                candidates = [twin for c in candidates for twin in with_tf32(*c)]
         children: list[Proposal] = []
         reasons: dict[str, None] = {}  # each writer's reason once, in the writers' order
         for writer, settings, why in candidates:

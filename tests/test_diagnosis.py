@@ -14,9 +14,9 @@ from core.evaluate.diagnosis import (
     SHARED_LIMITED,
     SPILLING,
     Diagnosis,
-    byte_floor_ms,
     diagnose,
     diagnosis_code,
+    moved_bytes,
     occupancy,
 )
 from core.evaluate.kernel_report import KernelReport, KernelStats
@@ -140,5 +140,18 @@ def test_the_byte_floor_counts_broadcast_inputs_once():
     x = torch.randn(1024, 1024)
     bias = torch.randn(1024).expand(1024, 1024)
     out = (torch.empty(1024, 1024), torch.empty(8, dtype=torch.float16))
-    moved = 4 * 1024 * 1024 + 4 * 1024 + 4 * 1024 * 1024 + 2 * 8
-    assert byte_floor_ms([x, bias, 3.0], out) == pytest.approx(moved / GpuPeaks().bandwidth * 1e3)
+    assert moved_bytes([x, bias, 3.0], out) == (4 * 1024 * 1024 + 4 * 1024,
+                                                4 * 1024 * 1024 + 2 * 8)
+
+
+def test_no_kernel_beats_the_impossible_floor_that_copies_and_reads_do_not_reach():
+    peaks = GpuPeaks()
+    gib = 1 << 30
+    # A copy at what the H200 measured (4.18 TB/s) and a read-only kernel at 4.6 TB/s (above
+    # the copy figure, as a read-mostly MSELoss was) sit above both floors.
+    copy_s, read_only_s = 2 * gib / 4.18e12, gib / 4.6e12
+    assert peaks.bytes_seconds(gib, gib) <= copy_s
+    assert peaks.impossible_seconds(gib, gib) <= copy_s
+    assert peaks.bytes_seconds(gib, 0) <= read_only_s
+    # Writes the L2 can hold when the kernel ends are no part of what is impossible.
+    assert peaks.impossible_seconds(0, peaks.l2_bytes) == 0.0

@@ -58,7 +58,7 @@ def gains(kernels: list[SiteKernel]) -> list[SiteGain]:
 def check(drop_slower: bool = False) -> EndToEndCheck:
     """On the CPU the interpreted kernels are slower than PyTorch: kept unless asked."""
     model, inputs = models.make_mlp()
-    return EndToEndCheck(model, inputs, "cpu", matrix_anchors=True,
+    return EndToEndCheck(model, inputs, "cpu", tf32=True,
                          progress=Progress(enabled=False), rest="eager",
                          drop_slower=drop_slower)
 
@@ -123,7 +123,7 @@ def test_a_kernel_that_slows_the_model_is_taken_out(tmp_path):
 def test_with_no_kernel_the_model_is_its_own_baseline_at_1x():
     """However eager and torch.compile time on a CPU, no kernel of Kiln's means 1.00x."""
     model, inputs = models.make_mlp()
-    result = EndToEndCheck(model, inputs, "cpu", matrix_anchors=True,
+    result = EndToEndCheck(model, inputs, "cpu", tf32=True,
                            progress=Progress(enabled=False)).run(total_ms=10.0, gains=[])
     assert result.installed == [] and result.correct
     assert result.speedup_vs_eager == result.speedup_vs_compile == 1.0
@@ -193,7 +193,7 @@ def scaled(kernel: SiteKernel, factor: float) -> SiteKernel:
 
 def chain_check() -> tuple[nn.Module, tuple, EndToEndCheck]:
     model, inputs = RoundedChain().eval(), (torch.randn(64, 64).bfloat16(),)
-    return model, inputs, EndToEndCheck(model, inputs, "cpu", matrix_anchors=False,
+    return model, inputs, EndToEndCheck(model, inputs, "cpu", tf32=False,
                                         progress=Progress(enabled=False), rest="inductor",
                                         drop_slower=False)
 
@@ -224,7 +224,7 @@ class ScriptedTimes(EndToEndCheck):
 
     def __init__(self, times: dict[frozenset[str], float | list[float]]) -> None:
         model, inputs = models.make_mlp()
-        super().__init__(model, inputs, "cpu", matrix_anchors=True,
+        super().__init__(model, inputs, "cpu", tf32=True,
                          progress=Progress(enabled=False), rest="eager")
         self.times = {held: value if isinstance(value, list) else [value]
                       for held, value in times.items()}

@@ -84,7 +84,8 @@ def test_integer_outputs_must_match_exactly():
     ("dtype", "anchors", "device", "name"),
     [
         (torch.float32, set(), "cuda", "fp32"),
-        (torch.float32, {"matmul"}, "cuda", "tf32"),
+        (torch.float32, {"matmul"}, "cuda", "fp32"),
+        (torch.float32, {"conv"}, "cuda", "tf32"),
         (torch.float32, {"conv"}, "cpu", "fp32"),
         (torch.float16, {"matmul"}, "cuda", "fp16"),
         (torch.bfloat16, set(), "cpu", "bf16"),
@@ -92,7 +93,8 @@ def test_integer_outputs_must_match_exactly():
     ],
 )
 def test_tolerance_names_follow_dtype_and_site(dtype, anchors, device, name):
-    assert tolerance_name(dtype, anchors, device) == name
+    tf32 = EvalConfig(device="cpu").tf32_for(anchors)
+    assert tolerance_name(dtype, tf32, device) == name
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int32])

@@ -109,7 +109,8 @@ def test_feedback_and_gpu_facts_read_plainly():
     wrong = describe_feedback(Feedback(correct=False, reason="seed 0: 3 of 1037 elements ..."))
     assert wrong == "Verdict: rejected: seed 0: 3 of 1037 elements ..."
     facts = gpu_facts(GpuPeaks())
-    assert "bf16 790" in facts and "fp32 vector 67" in facts
+    assert "bf16 798" in facts and "fp32 vector 67" in facts
+    assert "tf32 403" in facts and "fp32 as three tf32 products 134" in facts
 
 
 @pytest.mark.gpu

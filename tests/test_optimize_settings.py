@@ -31,8 +31,9 @@ def started(tmp_path: Path) -> tuple[Path, OptimizeConfig]:
                                 profile=ProfileConfig(1, 4),
                                 peaks=GpuPeaks("custom GPU", 3.35e12,
                                                {**GpuPeaks().matrix_flops, "bf16": 500e12},
-                                               GpuPeaks().vector_flops),
-                                max_input_bytes=8 * 2**20),
+                                               GpuPeaks().vector_flops,
+                                               read_bandwidth=3.35e12),
+                                max_input_bytes=8 * 2**20, allow_tf32=True),
         db=db, budget_minutes=3.0, max_candidates=8, sites=2, tiers=("triton",),
         cuda_share=0.2, search=SearchConfig(seed=3, strategy="random"), generators=("rules",),
         site_compile=False, e2e=False, feedback=False, counters=0)

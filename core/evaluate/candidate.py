@@ -84,10 +84,12 @@ class CandidateProcess:
         self.ended = False
 
     def build(self, candidate_path: Path, module_name: str, init: list[object], seed: int,
-              deadline: float) -> None:
+              tf32: bool, deadline: float) -> None:
+        """Import the candidate and make its ModelNew; `tf32`: whether its fp32 products may
+        multiply as TF32 (`core.timing.precision.hold_candidate_to`)."""
         reply, fds = self.request(
             {"op": "build", "path": str(candidate_path), "module": module_name, "seed": seed,
-             "init": base64.b64encode(pickle.dumps(init)).decode()}, [], deadline)
+             "tf32": tf32, "init": base64.b64encode(pickle.dumps(init)).decode()}, [], deadline)
         close_unused(fds, set())
         if reply.get("type") == "no_model_new":
             raise Rejected(Reason.NO_MODEL_NEW, "the candidate defines no ModelNew",

@@ -65,9 +65,13 @@ class EvalConfig:
     # None: what the GPU has free when the first candidate is judged.
     memory_bytes: int | None = None
     # The bandwidth (TB/s) of the byte floor no timing may beat: a kernel timed under it is
-    # impossible, so rejected. None: an H200's on CUDA, and no floor on the CPU, whose timings
-    # say nothing of a GPU's (tests set a slow one to exercise the rule there).
+    # impossible, so rejected. None: an H200's on CUDA (`GpuPeaks.impossible_seconds`), and no
+    # floor on the CPU, whose timings say nothing of a GPU's (tests set a slow one to exercise
+    # the rule there).
     bandwidth_tbps: float | None = None
+    # Whether fp32 matmuls may run on TF32 tensor cores, the baselines' as the candidates':
+    # off, fp32 matmuls stay fp32 as PyTorch runs them by default (`tf32_for`).
+    allow_tf32: bool = False
 
     def __post_init__(self) -> None:
         if self.device not in DEFAULT_TRIALS:
@@ -94,11 +98,17 @@ class EvalConfig:
         return self.compile_timeout_s + self.run_timeout_s
 
     @property
-    def floor_bandwidth(self) -> float:
-        """Bytes per second of the byte floor (`core.evaluate.diagnosis.byte_floor_ms`)."""
+    def peaks(self) -> GpuPeaks:
+        """The ceilings of the byte floors (`core.evaluate.diagnosis.byte_floor_ms`)."""
         if self.bandwidth_tbps is not None:
-            return self.bandwidth_tbps * 1e12
-        return GpuPeaks().bandwidth
+            bandwidth = self.bandwidth_tbps * 1e12
+            return GpuPeaks("custom GPU", bandwidth=bandwidth, read_bandwidth=bandwidth)
+        return GpuPeaks()
+
+    def tf32_for(self, anchors: set[str]) -> bool:
+        """Whether a site's fp32 products may be TF32: its baseline's are. cuDNN's convolutions
+        run fp32 as TF32 by PyTorch's default; fp32 matmuls do only when the run allows it."""
+        return self.allow_tf32 or "conv" in anchors
 
     @property
     def floor_applies(self) -> bool:

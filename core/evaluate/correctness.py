@@ -36,11 +36,11 @@ class Comparison:
     mismatch: Mismatch | None = None
 
 
-def tolerance_name(dtype: torch.dtype, anchors: set[str], device: str) -> str:
-    """fp32 matmul and conv sites on a GPU are held to tf32: Triton's `tl.dot` and cuDNN's
-    convolutions use tf32 for fp32 inputs by default."""
+def tolerance_name(dtype: torch.dtype, tf32: bool, device: str) -> str:
+    """fp32 outputs of a site whose baseline multiplies in TF32 on a GPU (`EvalConfig.tf32_for`)
+    are held to TF32's tolerance; every other fp32 output to fp32's."""
     name = DTYPE_TOLERANCE.get(dtype, "exact")
-    if name == "fp32" and anchors and device == "cuda":
+    if name == "fp32" and tf32 and device == "cuda":
         return "tf32"
     return name
 

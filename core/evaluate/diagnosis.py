@@ -27,7 +27,7 @@ import torch
 from core.evaluate.correctness import flatten
 from core.evaluate.counters import CounterReport, KernelCounters
 from core.evaluate.kernel_report import KernelReport, KernelStats
-from core.profile.roofline import GpuPeaks, touched_bytes
+from core.profile.roofline import touched_bytes
 
 # An H200 SM (compute capability 9.0): 65536 registers, at most 2048 threads (64 warps) and
 # 32 blocks resident, 228 KB of shared memory of which the driver reserves 1 KB per block.
@@ -229,11 +229,10 @@ def diagnose(report: KernelReport | None, latency_ms: float | None, floor_ms: fl
     return Diagnosis()
 
 
-def byte_floor_ms(inputs: Sequence[object], output: object,
-                  bandwidth: float = GpuPeaks().bandwidth) -> float:
-    """The fewest milliseconds in which the inputs can be read once (broadcast dimensions
-    once) and the outputs written once."""
-    moved = sum(touched_bytes(t) for t in inputs if isinstance(t, torch.Tensor))
-    moved += sum(t.numel() * t.element_size() for t in flatten(output)
-                 if isinstance(t, torch.Tensor))
-    return moved / bandwidth * 1e3
+def moved_bytes(inputs: Sequence[object], output: object) -> tuple[int, int]:
+    """Bytes read (each input once, broadcast dimensions once) and written (each output once)."""
+    read = sum(touched_bytes(t) for t in inputs if isinstance(t, torch.Tensor))
+    written = sum(t.numel() * t.element_size() for t in flatten(output)
+                  if isinstance(t, torch.Tensor))
+    return read, written
+

@@ -67,7 +67,8 @@ def screen(problem_path: str | Path, source: str, config: EvalConfig) -> Verdict
     problem_source = read_source(problem_path, "problem")
     check_problem_source(problem_source, problem_path)
     try:
-        report = check_candidate(source, problem_source)
+        report = check_candidate(source, problem_source,
+                                 config.tf32_for(problem_anchors(problem_source)))
     except SyntaxError as err:
         log = f"line {err.lineno}: {err.msg}\n    {(err.text or '').rstrip()}"
         return Verdict.rejected(Reason.COMPILE_ERROR, f"does not parse: line {err.lineno}: "

@@ -48,6 +48,7 @@ from core.evaluate.verdict import Reason, Verdict
 from core.evaluate.zygote import Zygote
 from core.runtime.problem_loader import Problem, load_problem, on_device, write_candidate
 from core.timing.device_lock import DeviceLock
+from core.timing.precision import fp32_matmuls
 
 REVERIFY_SEED_OFFSET = 1000
 
@@ -113,6 +114,7 @@ class Judge:
         try:
             with self.holds:
                 assert self.sizes is not None
+                self.holds.enter_context(fp32_matmuls(config.allow_tf32))  # the reference's
                 process = CandidateProcess(self.zygote, scratch, device,
                                            candidate_limits(config, self.sizes), self.log_path)
                 models = Models(self.reference(config.seeds[0], device), process)
@@ -161,7 +163,7 @@ class Judge:
         clock.start("compile")
         deadline = time.monotonic() + config.compile_timeout_s
         models.candidate.build(candidate_path, module_name, problem.init_inputs(),
-                               config.seeds[0], deadline)
+                               config.seeds[0], config.tf32_for(anchors), deadline)
         verdict.compiled = True
         labels: list[tuple[str, int | None]] = [(f"seed {base + s}", base + s)
                                                 for s in config.seeds]
@@ -205,7 +207,7 @@ class Judge:
         if config.time:
             clock.start("timing")
             self.timed(verdict, models, timing_seed, device, config, anchors, deadline)
-            impossible = below_floor(verdict, trials[0].floor_ms, config)
+            impossible = below_floor(verdict, trials[0].impossible_ms, config)
             if config.floor_applies and impossible:
                 verdict.flagged = True
                 raise Rejected(Reason.BELOW_FLOOR, impossible)

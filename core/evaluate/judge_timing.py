@@ -81,14 +81,13 @@ def time_both(verdict: Verdict, models: Models, pristine: list[object], device: 
     record_timing(verdict, candidate, baseline)
 
 
-def below_floor(verdict: Verdict, floor_ms: float, config: EvalConfig) -> str:
-    """Why a timing is impossible (faster than moving its bytes at the device's bandwidth), or
-    '' when it is not."""
-    if verdict.latency_ms is None or verdict.latency_ms >= floor_ms:
+def below_floor(verdict: Verdict, impossible_ms: float, config: EvalConfig) -> str:
+    """Why a timing is impossible (faster than its bytes can move), or '' when it is not."""
+    if verdict.latency_ms is None or verdict.latency_ms >= impossible_ms:
         return ""
-    return (f"timed at {verdict.latency_ms:.4g} ms, under the byte floor of {floor_ms:.4g} ms "
-            f"(its inputs read and outputs written once at {config.floor_bandwidth / 1e12:g} "
-            "TB/s): impossible, so the timing is not to be trusted")
+    return (f"timed at {verdict.latency_ms:.4g} ms, under the byte floor of {impossible_ms:.4g} "
+            f"ms (its inputs read once at {config.peaks.read_bandwidth / 1e12:g} TB/s, and "
+            "what it writes beyond the L2): impossible, so the timing is not to be trusted")
 
 
 def slower_reason(verdict: Verdict, timed: bool) -> tuple[Reason, str] | None:

@@ -212,7 +212,7 @@ def cuda_source_report(source: str) -> KernelReport:
 def cuda_sources(candidate_source: str) -> list[str]:
     """The candidate's CUDA sources, found as the static check finds them (anchors play no part
     in that, so the problem's source is not needed)."""
-    return [text for _, text in check_candidate(candidate_source, "").cuda_sources]
+    return [text for _, text in check_candidate(candidate_source, "", tf32=True).cuda_sources]
 
 
 def triton_kernels(module: ModuleType) -> list[Any]:

@@ -29,6 +29,7 @@ from core.evaluate.guard import Allocation, Guard
 from core.evaluate.transport import close_all, receive, send
 from core.runtime.problem_loader import import_file
 from core.timing.model_timing import make_flush
+from core.timing.precision import hold_candidate_to
 from core.timing.timer import synchronize, time_once
 
 
@@ -95,6 +96,7 @@ class Runner:
     def build(self, message: dict[str, Any], fds: list[int]) -> dict[str, Any]:
         self.candidate_path = Path(message["path"])
         init = pickle.loads(base64.b64decode(message["init"]))  # from the judge, trusted
+        hold_candidate_to(bool(message["tf32"]))
         self.module = import_file(self.candidate_path, message["module"])
         if not hasattr(self.module, "ModelNew"):
             return {"type": "no_model_new"}

@@ -16,6 +16,7 @@ from core.evaluate.config import EvalConfig
 from core.runtime.problem_loader import load_problem
 from core.timing.device_lock import device_lock_path, exclusive_device
 from core.timing.model_timing import rotation_sets, time_model
+from core.timing.precision import fp32_matmuls
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,11 @@ class SiteBaseline:
 def time_site(problem_path: Path, config: EvalConfig, compile: bool = True) -> SiteBaseline:
     """Eager and compiled medians of the site problem's `Model` on its seed-0 inputs;
     `compile=False`: eager only (a run that keeps sites out of torch.compile)."""
+    with fp32_matmuls(config.allow_tf32):
+        return _time_site(problem_path, config, compile)
+
+
+def _time_site(problem_path: Path, config: EvalConfig, compile: bool) -> SiteBaseline:
     device = torch.device(config.device)
     problem = load_problem(problem_path)
     torch.manual_seed(config.seeds[0])

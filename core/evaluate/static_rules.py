@@ -48,6 +48,10 @@ MODULE_BASES = frozenset({"torch.nn.Module"})
 ALLOWED_DUNDERS = frozenset({"__init__"})
 NOT_LISTED = "not on the allowlist of what a candidate may name"
 PYTHON_BUILTINS = frozenset(dir(builtins))
+DOTS = frozenset({"triton.language.dot"})
+TF32_REFUSED = ("TF32 products change fp32's answer, and this site's baseline multiplies in "
+                "fp32: use input_precision=\"ieee\" or \"tf32x3\" (fp32's accuracy on the "
+                "tensor cores), or run with --allow-tf32")
 
 
 @dataclass
@@ -117,7 +121,7 @@ def bound_names(tree: ast.Module) -> set[str]:
 
 
 class _Checker(ast.NodeVisitor):
-    def __init__(self, tree: ast.Module, anchors: set[str]) -> None:
+    def __init__(self, tree: ast.Module, anchors: set[str], tf32: bool) -> None:
         self.aliases = import_aliases(tree)
         self.modules = {n for n, path in self.aliases.items() if path in MODULES}
         self.own = bound_names(tree) - set(self.aliases)
@@ -127,6 +131,7 @@ class _Checker(ast.NodeVisitor):
         self.classes = {n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
         self.grids = self.grid_bindings(tree)
         self.anchors = anchors
+        self.tf32 = tf32
         self.report = StaticReport()
         self.uses_cuda_loader = False
 
@@ -281,6 +286,8 @@ class _Checker(ast.NodeVisitor):
         self.generic_visit(node)
 
     def check_call(self, node: ast.Call, name: str) -> None:
+        if name in DOTS:
+            self.check_dot_precision(node)
         family = ANCHOR_CALLS.get(name)
         if family:
             if family in self.anchors:
@@ -295,6 +302,24 @@ class _Checker(ast.NodeVisitor):
                                 "candidate's own kernels")
             else:
                 self.flag(node, f"uses {name}: {why}")
+
+    def check_dot_precision(self, node: ast.Call) -> None:
+        """fp32 products stay fp32 unless the site's baseline multiplies in TF32: a dot's
+        precision is written out, and is not TF32 (Triton's own default is made exact for
+        the candidate's process, `core.timing.precision.hold_candidate_to`)."""
+        given = {k.arg: k.value for k in node.keywords}
+        for position, keyword in ((3, "input_precision"), (4, "allow_tf32")):
+            if len(node.args) > position:
+                given[keyword] = node.args[position]
+        precision, allow = given.get("input_precision"), given.get("allow_tf32")
+        if precision is not None and not (isinstance(precision, ast.Constant)
+                                          and isinstance(precision.value, str | None)):
+            self.flag(node, "a dot's input_precision must be written as a string literal")
+        elif isinstance(precision, ast.Constant) and precision.value == "tf32" and not self.tf32:
+            self.flag(node, TF32_REFUSED)
+        if allow is not None and not self.tf32 and not (
+                isinstance(allow, ast.Constant) and allow.value in (False, None)):
+            self.flag(node, TF32_REFUSED)
 
     def launched(self, subscript: ast.Subscript) -> bool:
         return isinstance(subscript.value, ast.Name) and subscript.value.id in self.kernels
@@ -378,12 +403,16 @@ class _Checker(ast.NodeVisitor):
     def visit_Constant(self, node: ast.Constant) -> None:
         if isinstance(node.value, str) and "__global__" in node.value:
             self.report.cuda_sources.append((node.lineno, node.value))
+            if not self.tf32 and "tf32" in node.value.lower():
+                self.flag(node, "its CUDA source uses TF32: " + TF32_REFUSED)
 
 
-def check_candidate(candidate_source: str, problem_source: str) -> StaticReport:
-    """Apply every static rule; raises SyntaxError when the candidate does not parse."""
+def check_candidate(candidate_source: str, problem_source: str, tf32: bool = False
+                    ) -> StaticReport:
+    """Apply every static rule; raises SyntaxError when the candidate does not parse. `tf32`:
+    whether the site's fp32 products may be TF32 (`EvalConfig.tf32_for`)."""
     tree = parse(candidate_source)
-    checker = _Checker(tree, problem_anchors(problem_source))
+    checker = _Checker(tree, problem_anchors(problem_source), tf32)
     checker.visit(tree)
     report = checker.report
     if checker.kernels:

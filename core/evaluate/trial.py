@@ -27,7 +27,7 @@ from core.evaluate.correctness import (
     flatten,
     tolerance_name,
 )
-from core.evaluate.diagnosis import byte_floor_ms
+from core.evaluate.diagnosis import moved_bytes
 from core.evaluate.exchange import Opaque, SharedInput
 from core.evaluate.guard import ANCHOR_OPS
 from core.evaluate.verdict import Reason
@@ -43,6 +43,7 @@ class Trial:
     comparison: Comparison
     fingerprint: list[object]  # of the candidate's output (`correctness.fingerprint`)
     floor_ms: float  # the inputs read once and the outputs written once, at full bandwidth
+    impossible_ms: float  # what no kernel can beat (`GpuPeaks.impossible_seconds`)
     # The candidate's input copies, kept from the first trial for a later one to reuse; None
     # once used.
     copies: list[object] | None = None
@@ -130,7 +131,9 @@ def run_trial(models: Models, label: str, pristine: list[object], device: torch.
     digest = fingerprint(result.outputs)
     reference_out = models.reference(*pristine)
     synchronize(device)
-    floor_ms = byte_floor_ms(pristine, reference_out, config.floor_bandwidth)
+    read, written = moved_bytes(pristine, reference_out)
+    floor_ms = config.peaks.bytes_seconds(read, written) * 1e3
+    impossible_ms = config.peaks.impossible_seconds(read, written) * 1e3
     if not models.tolerances:
         models.tolerances = tolerances_for(reference_out, anchors, config)
     comparison = compare_outputs(result.outputs, reference_out, models.tolerances)
@@ -138,7 +141,7 @@ def run_trial(models: Models, label: str, pristine: list[object], device: torch.
         for copy in copies:
             if isinstance(copy, SharedInput):
                 models.candidate.side.forget(copy)
-    return Trial(label, comparison, digest, floor_ms, copies if keep else None)
+    return Trial(label, comparison, digest, floor_ms, impossible_ms, copies if keep else None)
 
 
 def check_trace(result: CallResult, anchors: set[str], label: str) -> None:
@@ -163,7 +166,7 @@ def tolerances_for(reference_out: object, anchors: set[str], config: EvalConfig
     tolerances: dict[torch.dtype, tuple[str, float]] = {}
     for leaf in flatten(reference_out):
         if isinstance(leaf, torch.Tensor) and leaf.dtype not in tolerances:
-            name = tolerance_name(leaf.dtype, anchors, config.device)
+            name = tolerance_name(leaf.dtype, config.tf32_for(anchors), config.device)
             if config.tolerance is not None:
                 tolerances[leaf.dtype] = (f"{name} overridden", config.tolerance)
             else:

@@ -37,7 +37,7 @@ def judge_once() -> None:
     runner = Runner(None, torch.device("cpu"))  # type: ignore[arg-type]
     init = base64.b64encode(pickle.dumps([])).decode()
     runner.handle({"op": "build", "path": str(Path(__file__)), "module": "kiln_warm_candidate",
-                   "seed": 0, "init": init}, [])
+                   "seed": 0, "tf32": False, "init": init}, [])
     side = JudgeSide()
     for _ in range(2):
         shared = side.shared_copy(torch.ones(8), "input 0")

@@ -61,6 +61,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="GPU memory bandwidth for floors, TB/s (default: H200)")
     parser.add_argument("--matrix-tflops", type=float,
                         help="matrix peak for the model's dtype, TFLOP/s (default: H200)")
+    parser.add_argument("--allow-tf32", action="store_true",
+                        help="let fp32 matmuls run on TF32 tensor cores, in the baselines as in "
+                             "the kernels (default: fp32 stays fp32, as in PyTorch)")
     search = parser.add_argument_group("search (without --list-sites)")
     search.add_argument("--budget", type=float, default=10.0, help="minutes of search")
     search.add_argument("--max-candidates", type=int, default=200,

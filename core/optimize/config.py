@@ -26,7 +26,8 @@ from store import Run
 # The settings that decide what the model's profile is: a resumed run keeps them, since its
 # stored kernels were judged on the sites they made.
 PROFILE_SETTINGS = ("device", "dtype", "seed", "batch", "seq_len", "image_size", "out",
-                    "warmup", "trials", "max_input_mb", "bandwidth", "matrix_tflops")
+                    "warmup", "trials", "max_input_mb", "bandwidth", "matrix_tflops",
+                    "allow_tf32")
 # The settings of the search: a resumed run keeps them too, unless given again on its
 # command line.
 SEARCH_SETTINGS = ("budget", "max_candidates", "sites", "tiers", "cuda_share", "generator",
@@ -60,7 +61,8 @@ class OptimizeConfig:
     def eval_config(self) -> EvalConfig:
         """How the run's candidates are judged."""
         memory = None if self.memory_gb is None else int(self.memory_gb * 2**30)
-        return EvalConfig(device=self.profile.device, gpus=self.gpus, memory_bytes=memory)
+        return EvalConfig(device=self.profile.device, gpus=self.gpus, memory_bytes=memory,
+                          allow_tf32=self.profile.allow_tf32)
 
 
 def gpu_peaks(bandwidth_tbs: float, matrix_tflops: float | None, dtype: str | None
@@ -72,7 +74,9 @@ def gpu_peaks(bandwidth_tbs: float, matrix_tflops: float | None, dtype: str | No
     matrix = dict(peaks.matrix_flops)
     if matrix_tflops:
         matrix[dtype or "fp32"] = matrix_tflops * 1e12
-    return GpuPeaks("custom GPU", bandwidth_tbs * 1e12, matrix, peaks.vector_flops)
+    # A GPU given by its bandwidth alone: reads are bounded by that figure too.
+    return GpuPeaks("custom GPU", bandwidth_tbs * 1e12, matrix, peaks.vector_flops,
+                    read_bandwidth=bandwidth_tbs * 1e12)
 
 
 def run_settings(config: OptimizeConfig) -> dict[str, object]:
@@ -87,6 +91,7 @@ def run_settings(config: OptimizeConfig) -> dict[str, object]:
             "warmup": profile.profile.warmup, "trials": profile.profile.trials,
             "max_input_mb": profile.max_input_bytes / 2**20,
             "bandwidth": peaks.bandwidth / 1e12, "matrix_tflops": matrix,
+            "allow_tf32": profile.allow_tf32,
             "budget": config.budget_minutes, "max_candidates": config.max_candidates,
             "sites": config.sites, "tiers": list(config.tiers), "cuda_share": config.cuda_share,
             "generator": ",".join(config.generators), "strategy": config.search.strategy,
@@ -104,7 +109,7 @@ def config_of_settings(settings: Mapping[str, object], base: OptimizeConfig) -> 
         shape=BuiltinShape(s["batch"], s["seq_len"], s["image_size"]),
         profile=ProfileConfig(s["warmup"], s["trials"]),
         peaks=gpu_peaks(s["bandwidth"], s["matrix_tflops"], s["dtype"]),
-        max_input_bytes=int(s["max_input_mb"] * 2**20))
+        max_input_bytes=int(s["max_input_mb"] * 2**20), allow_tf32=bool(s["allow_tf32"]))
     return replace(
         base, profile=profile, budget_minutes=s["budget"], max_candidates=s["max_candidates"],
         sites=s["sites"], tiers=tuple(s["tiers"]), cuda_share=s["cuda_share"],

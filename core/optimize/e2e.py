@@ -144,18 +144,17 @@ def fresh_like(inputs: tuple, seed: int) -> tuple:
     return tree_map(draw, inputs)
 
 
-def _tolerances(reference: object, matrix_anchors: bool, device: str
+def _tolerances(reference: object, tf32: bool, device: str
                 ) -> dict[torch.dtype, tuple[str, float]]:
-    anchors = {"matmul"} if matrix_anchors else set()
     found: dict[torch.dtype, tuple[str, float]] = {}
     for leaf in torch.utils._pytree.tree_leaves(reference):
         if isinstance(leaf, torch.Tensor) and leaf.dtype not in found:
-            name = tolerance_name(leaf.dtype, anchors, device)
+            name = tolerance_name(leaf.dtype, tf32, device)
             found[leaf.dtype] = (name, TOLERANCES[name])
     return found
 
 
-def check_outputs(model: nn.Module, installed: Callable, inputs: tuple, matrix_anchors: bool,
+def check_outputs(model: nn.Module, installed: Callable, inputs: tuple, tf32: bool,
                   device: str) -> Deviation:
     """`installed` against eager `model` on each fresh seed's inputs."""
     worst_abs = worst_rel = 0.0
@@ -166,7 +165,7 @@ def check_outputs(model: nn.Module, installed: Callable, inputs: tuple, matrix_a
             reference = model(*fresh)
             out = installed(*fresh)
         comparison = compare_outputs(out, reference,
-                                     _tolerances(reference, matrix_anchors, device))
+                                     _tolerances(reference, tf32, device))
         worst_abs = max(worst_abs, comparison.max_abs_err)
         worst_rel = max(worst_rel, comparison.max_rel_err)
         if comparison.mismatch is not None and not mismatch:
@@ -202,15 +201,17 @@ class EndToEndCheck:
     """Installs the winners in `model`, checks the result and times it against eager and
     torch.compile."""
 
-    def __init__(self, model: nn.Module, inputs: tuple, device: str, matrix_anchors: bool,
+    def __init__(self, model: nn.Module, inputs: tuple, device: str, tf32: bool,
                  progress: Progress, eval_config: EvalConfig | None = None,
                  rest: str | None = None, drop_slower: bool = True) -> None:
         """`rest` forces what runs the ops without a kernel ("inductor" or "eager"); by
         default, whichever of torch.compile and eager timed faster. `drop_slower=False` keeps
-        kernels that slow the whole model (to study them; an optimize run never does)."""
+        kernels that slow the whole model (to study them; an optimize run never does).
+        `tf32`: the model's fp32 products run as TF32 (its convolutions, or its matmuls in a run
+        that allows TF32), so its fp32 outputs are held to TF32's tolerance."""
         self.model, self.inputs, self.device = model, inputs, device
         self.rest, self.drop_slower = rest, drop_slower
-        self.matrix_anchors = matrix_anchors
+        self.tf32 = tf32
         self.progress = progress
         self.config = eval_config or EvalConfig(device=device)
         self.input_sets = [list(fresh_like(inputs, seed)) for seed in FRESH_SEEDS]
@@ -239,7 +240,7 @@ class EndToEndCheck:
         return installed
 
     def _deviation(self, model: Callable) -> Deviation:
-        return check_outputs(self.model, model, self.inputs, self.matrix_anchors, self.device)
+        return check_outputs(self.model, model, self.inputs, self.tf32, self.device)
 
     def _wrong(self, installed: Callable, compiled: Deviation) -> str:
         return why_wrong(self._deviation(installed), compiled)

@@ -47,13 +47,21 @@ def _end_to_end(e2e: dict) -> list[str]:
     return [*lines, ""]
 
 
+def precision_line(allow_tf32: bool) -> str:
+    if allow_tf32:
+        return ("fp32 matmuls ran as TF32 (--allow-tf32), in the baselines as in the kernels, "
+                "which were held to TF32's tolerance.")
+    return ("fp32 matmuls stayed fp32, in the baselines as in the kernels (pass --allow-tf32 to "
+            "let both use TF32); convolutions ran as cuDNN runs them by default, TF32.")
+
+
 def markdown_report(report: dict) -> str:
     timing = report["timing"]
     lines = [f"# Kiln: {report['model']}", "",
              f"Run {report['run_id']} in `{report['db']}`; dtype {report['dtype']}, device "
              f"{report['device']}, timing: {timing}. Model time {report['total_ms']:.3f} ms eager, "
              f"{report['captured_ms']:.3f} ms as captured; floors against {report['floor_gpu']}.",
-             ""]
+             "", precision_line(report.get("allow_tf32", False)), ""]
     if report["device"] == "cpu":
         lines += [f"{INDICATIVE}.", ""]
     if report.get("failure"):

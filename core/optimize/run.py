@@ -37,6 +37,7 @@ from core.profile.sites import Site
 from core.runtime.errors import KilnInputError, error_line
 from core.search.best_counters import profile_best
 from core.search.tree import Node, SiteSearch
+from core.timing.precision import fp32_matmuls
 from generators.base import Feedback, Generator, Parent, Proposal, Proposals, Repairer
 from generators.llm.config import LlmCall
 from generators.mixed import MixedGenerator
@@ -75,7 +76,7 @@ class OptimizeRun:
         made: list[Generator] = []
         for name in self.config.generators:
             if name == "rules":
-                made.append(RulesGenerator())
+                made.append(RulesGenerator(allow_tf32=self.config.profile.allow_tf32))
             elif name == "llm":
                 from generators.llm.generator import (
                     LLMGenerator,  # the OpenAI SDK only when asked for
@@ -238,7 +239,7 @@ class OptimizeRun:
                 "report_md": str(config.profile.out / profiled.loaded.name
                                  / f"report-run{run_id}.md"),
                 "resumed": state is not None, "status": "failed" if failure else "done",
-                "failure": failure,
+                "failure": failure, "allow_tf32": config.profile.allow_tf32,
                 "searched": [self._site_result(r) for r in runs],
                 "sites": [self._with_best(s, runs) for s in report["sites"]],
                 "e2e": e2e}
@@ -265,10 +266,12 @@ class OptimizeRun:
         """The winners installed in the model, checked and timed against eager and compile."""
         torch._dynamo.reset()  # the capture's compiled graphs are not the ones to time
         loaded = profiled.loaded
-        matrix = any(s.family in ("matmul", "conv", "attention") for s in profiled.table.sites)
-        check = EndToEndCheck(loaded.model, loaded.inputs, self.config.profile.device, matrix,
+        allow_tf32 = self.config.profile.allow_tf32
+        tf32 = allow_tf32 or any(s.family == "conv" for s in profiled.table.sites)
+        check = EndToEndCheck(loaded.model, loaded.inputs, self.config.profile.device, tf32,
                               self.progress)
-        return check.run(total_ms, [w for r in runs if (w := r.winner) is not None])
+        with fp32_matmuls(allow_tf32):
+            return check.run(total_ms, [w for r in runs if (w := r.winner) is not None])
 
     def _add_sites(self, run_id: int, profiled: ProfiledModel) -> dict[str, int]:
         site_ids = {}

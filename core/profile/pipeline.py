@@ -14,6 +14,7 @@ from core.profile.roofline import GpuPeaks
 from core.profile.site_table import ranked, site_report
 from core.profile.sites import SiteTable, find_sites, write_site_folder
 from core.runtime.capture import capture
+from core.timing.precision import fp32_matmuls
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class ListSitesConfig:
     peaks: GpuPeaks = GpuPeaks()
     max_input_bytes: int = 256 * 2**20
     quiet: bool = False
+    allow_tf32: bool = False  # fp32 matmuls on TF32 tensor cores (`core.timing.precision`)
 
 
 @dataclass
@@ -42,7 +44,7 @@ class ProfiledModel:
 def profile_sites(config: ListSitesConfig) -> ProfiledModel:
     """Load, capture, cut into sites, profile and write the site problems."""
     device = resolve_device(config.device)
-    with steady_threads(device):
+    with steady_threads(device), fp32_matmuls(config.allow_tf32):
         return _profile_sites(config, device)
 
 
@@ -53,7 +55,7 @@ def _profile_sites(config: ListSitesConfig, device: torch.device) -> ProfiledMod
     check_runs(loaded, config.dtype)
     progress.step("capturing graphs through torch.compile")
     captured = capture(loaded.model, loaded.inputs, device)
-    table = find_sites(captured, config.peaks)
+    table = find_sites(captured, config.peaks, config.allow_tf32)
     progress.step(f"{len(captured.graphs)} graph(s), {len(table.sites)} site(s); profiling")
     profile = profile_model(loaded, captured, table, config.profile,
                             progress.bar("profiling forwards"))

@@ -1,7 +1,8 @@
 """The roofline floor of a region: the fewest bytes it must move and the FLOPs it must do.
 
 A kernel cannot beat max(bytes / bandwidth, FLOPs / peak). Bytes count each input read once
-(a broadcast input only over the elements it really has) and each output written once.
+(a broadcast input only over the elements it really has) and each output written once; reads
+are bounded by the datasheet's bandwidth, writes by what a copy attains.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ from core.runtime.partition import Region
 
 
 def _h200_matrix_peaks() -> dict[str, float]:
-    # 8192^3 torch matmuls on an H200, random data, near the top of each measured range
-    # (bench/NOTES.md, Ceilings); torch leaves tf32 off for fp32 matmuls.
-    return {"bf16": 790e12, "fp16": 765e12, "fp32": 50.7e12}
+    # 8192^3 torch matmuls on an H200, random data, at the top of each measured range
+    # (bench/NOTES.md, Ceilings). fp32 is the fastest way to fp32's accuracy on the tensor
+    # cores: three TF32 products (tf32x3), a third of TF32's rate; plain fp32 arithmetic is
+    # slower, so its rate would make a floor that tf32x3 kernels beat.
+    return {"bf16": 798e12, "fp16": 766e12, "tf32": 403e12, "fp32": 403e12 / 3}
 
 
 @dataclass(frozen=True)
@@ -32,10 +35,27 @@ class GpuPeaks:
     vector_flops: float = 67e12  # plain fp32 arithmetic, the datasheet's figure
     sms: int = 132  # NVIDIA's Hopper datasheet, as the L2 below
     l2_bytes: int = 50 * 2**20
+    # Reads alone go faster than a copy's mix of reads and writes (a read-only MSELoss beat
+    # the copy figure, bench/NOTES.md, the roofline): they are bounded by the datasheet's
+    # HBM3e bandwidth, which nothing exceeds.
+    read_bandwidth: float = 4.8e12
 
-    def matrix_peak(self, dtype: torch.dtype) -> float:
+    def matrix_peak(self, dtype: torch.dtype, tf32: bool = False) -> float:
+        """Matrix FLOP/s for `dtype`; fp32 at TF32's rate when its products may be TF32."""
         key = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
-        return self.matrix_flops[key]
+        if key == "fp32" and tf32:
+            key = "tf32"
+        return self.matrix_flops.get(key, self.matrix_flops["fp32"])
+
+    def bytes_seconds(self, read: int, written: int) -> float:
+        """The fewest seconds in which `read` bytes can be read and `written` bytes written."""
+        return read / self.read_bandwidth + written / self.bandwidth
+
+    def impossible_seconds(self, read: int, written: int) -> float:
+        """Seconds no kernel can beat, however it is timed: its reads at the datasheet's
+        bandwidth, and only the writes that overflow the L2 (writes it holds may drain after
+        the kernel ends)."""
+        return (read + max(0, written - self.l2_bytes)) / self.read_bandwidth
 
 
 @dataclass(frozen=True)
@@ -76,11 +96,13 @@ def _matrix_flops(node: fx.Node, name: str, out: torch.Tensor) -> int:
     return 0
 
 
-def region_cost(region: Region, peaks: GpuPeaks) -> Cost:
+def region_cost(region: Region, peaks: GpuPeaks, allow_tf32: bool = False) -> Cost:
+    """The region's floor. fp32 convolutions run at TF32's rate (cuDNN's default, which the
+    baseline uses), fp32 matmuls too when the run allows TF32 (`core.timing.precision`)."""
     inputs = [m for m in (_meta(n) for n in region.inputs) if m is not None]
     outputs = [m for m in (_meta(n) for n in region.outputs) if m is not None]
-    moved = sum(touched_bytes(t) for t in inputs) + sum(t.numel() * t.element_size()
-                                                       for t in outputs)
+    read = sum(touched_bytes(t) for t in inputs)
+    written = sum(t.numel() * t.element_size() for t in outputs)
     matrix = vector = 0
     seconds = 0.0
     for node in region.nodes:
@@ -91,7 +113,8 @@ def region_cost(region: Region, peaks: GpuPeaks) -> Cost:
         if info.kind in (OpKind.MATMUL, OpKind.CONV, OpKind.ATTENTION):
             flops = _matrix_flops(node, info.name, out)
             matrix += flops
-            seconds += flops / peaks.matrix_peak(out.dtype)
+            tf32 = info.kind is OpKind.CONV or allow_tf32
+            seconds += flops / peaks.matrix_peak(out.dtype, tf32)
         else:
             ins = [m for m in (_meta(a) for a in node.all_input_nodes) if m is not None]
             # Norms and softmax do a handful of operations per element read.
@@ -99,5 +122,5 @@ def region_cost(region: Region, peaks: GpuPeaks) -> Cost:
             elements = max([out.numel(), *(t.numel() for t in ins)])
             vector += per_element * elements
     seconds += vector / peaks.vector_flops
-    floor = max(moved / peaks.bandwidth, seconds)
-    return Cost(moved, matrix, vector, floor * 1e3)
+    floor = max(peaks.bytes_seconds(read, written), seconds)
+    return Cost(read + written, matrix, vector, floor * 1e3)

@@ -61,7 +61,7 @@ class SiteTable:
     unwritable: list[tuple[Region, str]]  # regions kept with PyTorch, and why
 
 
-def find_sites(capture: Capture, peaks: GpuPeaks) -> SiteTable:
+def find_sites(capture: Capture, peaks: GpuPeaks, allow_tf32: bool = False) -> SiteTable:
     sites: dict[str, Site] = {}
     site_of: dict[Region, Site] = {}
     unwritable: list[tuple[Region, str]] = []
@@ -80,7 +80,7 @@ def find_sites(capture: Capture, peaks: GpuPeaks) -> SiteTable:
                 continue
             site = sites.get(problem.key)
             if site is None:
-                site = Site(problem, region_cost(region, peaks))
+                site = Site(problem, region_cost(region, peaks, allow_tf32))
                 site.example_inputs = [values[n] for n in region.inputs]
                 site.example_outputs = [values[n] for n in region.outputs]
                 sites[problem.key] = site

@@ -17,7 +17,7 @@ from string import Template
 
 import torch
 
-from core.evaluate.static_rules import check_candidate
+from core.evaluate.static_rules import check_candidate, problem_anchors
 from core.profile.load import import_file
 from core.profile.roofline import GpuPeaks
 from core.runtime.problem_loader import defined_names
@@ -49,7 +49,8 @@ def gpu_facts(peaks: GpuPeaks) -> str:
     else:
         name, sms, l2 = f"NVIDIA {peaks.name}", peaks.sms, peaks.l2_bytes
         memory = "141 GB HBM3e, compute capability 9.0"
-    matrix = ", ".join(f"{dtype} {flops / 1e12:.0f}" for dtype, flops in
+    names = {"fp32": "fp32 as three tf32 products"}
+    matrix = ", ".join(f"{names.get(dtype, dtype)} {flops / 1e12:.0f}" for dtype, flops in
                        peaks.matrix_flops.items())
     return (f"- {name}: {sms} SMs, {l2 / 2**20:.0f} MiB L2, {memory}\n"
             f"- memory bandwidth {peaks.bandwidth / 1e12:.1f} TB/s (measured copy, read + write)\n"
@@ -140,7 +141,9 @@ def screen_reply(reply: str, problem_source: str) -> Screened:
         return Screened(None, ["the reply has no fenced code block (```python ... ```) holding "
                                "the module"])
     try:
-        report = check_candidate(source, problem_source)
+        # TF32 as the evaluator allows it by default: on convolutions only.
+        report = check_candidate(source, problem_source,
+                                 tf32="conv" in problem_anchors(problem_source))
     except SyntaxError as err:
         return Screened(source, [f"line {err.lineno}: {err.msg} (the module does not parse)"])
     problems = list(report.violations)
