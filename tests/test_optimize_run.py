@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from store import open_reader
 from tests.test_list_sites_cli import ROOT, run_cli
 
 
@@ -74,7 +75,15 @@ def test_each_run_of_a_model_writes_its_own_report(tmp_path):
                          "--workers", "1", "--trials", "1", "--warmup", "0", "--no-e2e",
                          "--no-site-compile", "--out", str(tmp_path / "out"))
         assert result.returncode == 0, result.stderr
-        reports.append(Path(json.loads(result.stdout)["report_md"]))
+        report = json.loads(result.stdout)
+        reports.append(Path(report["report_md"]))
+        # --no-site-compile: the site's eager time is measured on its own, not taken from a
+        # verdict's timing alone.
+        site = report["searched"][0]
+        assert site["eager_ms"] and site["compile_ms"] is None, site
+        with open_reader(tmp_path / "kiln.db") as reader:
+            stored = {s.key: s for s in reader.sites(report["run_id"])}
+        assert stored[site["id"]].eager_ms is not None
     assert [r.name for r in reports] == ["report-run1.md", "report-run2.md"]
     assert [r.parent for r in reports] == [tmp_path / "out" / "tests.models-make_mlp"] * 2
     assert [r.read_text().splitlines()[2].split(" in ")[0] for r in reports] == ["Run 1", "Run 2"]

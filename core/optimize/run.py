@@ -246,17 +246,19 @@ class OptimizeRun:
 
     def _baselines(self, runs: list[SiteRun], stored: dict[int, object],
                    eval_config: EvalConfig) -> None:
-        """Each site's eager and compiled times, measured once (kept across a resume)."""
-        if not self.config.site_compile:
-            return
+        """Each site's eager and compiled times (eager only under --no-site-compile), measured
+        once (kept across a resume)."""
+        compiled = self.config.site_compile
         for run in runs:
             self.stop.check()
             site = stored.get(run.site_id)
-            if site is not None and site.compile_ms is not None:
+            if site is not None and site.eager_ms is not None and (
+                    site.compile_ms is not None or not compiled):
                 run.note_baseline(site.eager_ms, site.compile_ms)
                 continue
-            self.progress.step(f"{run.site.key}: timing PyTorch eager and torch.compile")
-            baseline = time_site(run.site.folder / "problem.py", eval_config)
+            self.progress.step(f"{run.site.key}: timing PyTorch eager"
+                               + (" and torch.compile" if compiled else ""))
+            baseline = time_site(run.site.folder / "problem.py", eval_config, compiled)
             self.store.set_site_baselines(run.site_id, eager_ms=baseline.eager_ms,
                                           compile_ms=baseline.compile_ms)
             run.note_baseline(baseline.eager_ms, baseline.compile_ms)
