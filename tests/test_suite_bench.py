@@ -7,7 +7,7 @@ import math
 import pytest
 
 from bench.suite import DEV_PROBLEMS, DEV_SUITE, SUITE
-from bench.suite_bench import Outcome, geomean, selected, table
+from bench.suite_bench import Outcome, geomean, outcome_of, selected, table
 from core.runtime.errors import KilnInputError
 
 
@@ -58,3 +58,15 @@ def test_the_table_compares_against_the_faster_baseline_and_means_over_runs_that
 def test_geomean_ignores_what_did_not_run():
     assert geomean([2.0, 8.0, math.nan]) == pytest.approx(4.0)
     assert math.isnan(geomean([]))
+
+
+def test_a_run_whose_end_to_end_check_failed_is_a_row_that_says_so():
+    item = selected("softmax", "")[0]
+    searched = [{"id": "site-a", "evaluations": 7, "best": {"tier": "triton"}}]
+    failed = outcome_of(item, {"e2e": {"error": "CUDA out of memory"}, "searched": searched},
+                        2.0)
+    assert failed.correct is None and failed.tried == 7
+    assert "end to end not done: CUDA out of memory" in failed.note
+    skipped = outcome_of(item, {"e2e": None, "searched": searched, "failure": ""}, 2.0)
+    assert "no end-to-end check" in skipped.note
+    assert "| softmax |" in table([failed, skipped])
