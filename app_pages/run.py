@@ -138,6 +138,12 @@ def render() -> None:
         + (" (refreshing)" if run.status == "running" else "")
     )
     e2e, cpu = run.e2e or {}, run.cpu_timings
+    if run.status == "failed":
+        st.error(f"This run failed {e2e.get('failure') or 'before it finished'}. What it judged "
+                 "until then is below and in the store; `python -m core.optimize --resume "
+                 f"{run.id}` goes on from there.")
+    elif e2e.get("error"):
+        st.error(f"The end-to-end check was not done: {e2e['error']}.")
     if cpu:
         st.warning(f"{CPU_TIMINGS}: this run ran on the CPU, its Triton kernels under the"
                    " interpreter; its times and speedups say nothing of a GPU's.")

@@ -67,3 +67,19 @@ def test_amdahl_chart_holds_each_site_before_and_after(run_page):
         assert after[site.key] == pytest.approx(expected)
     assert before["rest of the model"] == after["rest of the model"]
     assert f"Run {run}: {model}" in texts(page)
+
+
+def test_a_failed_run_says_why_and_how_to_go_on(tmp_path, monkeypatch: pytest.MonkeyPatch):
+    from store import Store
+
+    db = tmp_path / "kiln.db"
+    with Store.open(db) as store:
+        run = store.start_run(model_spec="m.py", model_hash="h", gpu="cpu", versions={},
+                              config={})
+        store.finish_run(run, status="failed",
+                         e2e={"failure": "while searching: CUDA out of memory"})
+    monkeypatch.setenv("KILN_DB", str(db))
+    page = open_page("run.py", run=run)
+    (error,) = [e.value for e in page.error]
+    assert "failed while searching: CUDA out of memory" in error
+    assert f"--resume {run}" in error

@@ -59,12 +59,13 @@ def test_out_of_memory_in_the_end_to_end_check_keeps_the_run(tmp_path):
     assert "Not done: OutOfMemoryError" in text and "**The run failed** while checking" in text
     with open_reader(db) as reader:
         run = reader.run(1)
-        assert (run.status, run.e2e) == ("failed", report["e2e"])
+        assert (run.status, run.e2e) == ("failed", {**report["e2e"],
+                                                    "failure": report["failure"]})
         assert len(reader.candidates(run_id=1)) == 2
 
 
 def test_a_baseline_that_fails_fails_the_run_with_its_report(tmp_path, monkeypatch):
-    def broken(problem: Path, config: object) -> None:
+    def broken(problem: Path, config: object, compile: bool = True) -> None:
         raise torch.OutOfMemoryError("CUDA out of memory while compiling the site")
 
     monkeypatch.setattr(run_module, "time_site", broken)
@@ -79,3 +80,4 @@ def test_a_baseline_that_fails_fails_the_run_with_its_report(tmp_path, monkeypat
     assert report["e2e"] is None and report["searched"][0]["evaluations"] == 0
     with open_reader(config.db) as reader:
         assert reader.run(1).status == "failed"
+        assert reader.run(1).e2e == {"failure": report["failure"]}

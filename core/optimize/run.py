@@ -234,7 +234,9 @@ class OptimizeRun:
             close = getattr(self.generator, "close", None)
             if close is not None:
                 close()
-        self.store.finish_run(run_id, status="failed" if failure else "done", e2e=e2e)
+        # A failed run keeps why with its end-to-end record, for `python -m store` and the app.
+        stored_e2e = {**(e2e or {}), "failure": failure} if failure else e2e
+        self.store.finish_run(run_id, status="failed" if failure else "done", e2e=stored_e2e)
         return {**report, "run_id": run_id, "db": str(config.db),
                 "report_md": str(config.profile.out / profiled.loaded.name
                                  / f"report-run{run_id}.md"),
