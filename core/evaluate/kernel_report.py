@@ -212,6 +212,8 @@ def cuda_source_report(source: str) -> KernelReport:
 def cuda_sources(candidate_source: str) -> list[str]:
     """The candidate's CUDA sources, found as the static check finds them (anchors play no part
     in that, so the problem's source is not needed)."""
+    if "__global__" not in candidate_source:
+        return []  # no CUDA, and no need to parse the source again
     return [text for _, text in check_candidate(candidate_source, "", tf32=True).cuda_sources]
 
 

@@ -85,8 +85,9 @@ class _Zygote:
     """The zygote's loop: spawn, kill and reap candidates' processes as the judge asks. The next
     candidate's process is forked ahead, while the judge works on the current one."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, device: str) -> None:
         self.sock = sock
+        self.device = device
         self.namespaces = PidNamespaces()
         self.live: set[int] = set()
         self.spare: tuple[int, socket.socket] | None = None
@@ -124,7 +125,7 @@ class _Zygote:
             self.sock.close()
             ours.close()
             try:
-                _spare_process(theirs)
+                _spare_process(theirs, self.device)
             finally:
                 os._exit(0)
         self.namespaces.after_fork()
@@ -140,8 +141,9 @@ class _Zygote:
         send(control, request, [candidate_fd])
         control.close()
         os.close(candidate_fd)
-        self.fork_spare()
+        # The judge goes on with this candidate while the next one's process is forked.
         send(self.sock, {"type": "spawned", "pid": pid})
+        self.fork_spare()
 
     def reap(self) -> None:
         while self.live:
@@ -163,16 +165,33 @@ class _Zygote:
                     "cpu_seconds": usage.ru_utime + usage.ru_stime})
 
 
-def _spare_process(control: socket.socket) -> None:
-    """A candidate's process before its candidate: wait for the judge's request and the socket
-    to serve it on. (Warming it up here, ahead, was tried: it moves the pages a candidate's
-    process copies from the zygote off the way to a verdict, but costs more CPU than it saves.)"""
+def _spare_process(control: socket.socket, device: str) -> None:
+    """A candidate's process before its candidate: on CUDA, start CUDA ahead; then wait for the
+    judge's request and the socket to serve it on. (Warming up Python here too was tried on the
+    CPU: it moves the pages a candidate's process copies from the zygote off the way to a
+    verdict, but costs more CPU than it saves.)"""
     die_with_parent()
+    if device == "cuda":
+        # A GPU that cannot start here fails the candidate's own first CUDA call the same way,
+        # and that failure is its verdict.
+        with contextlib.suppress(RuntimeError):
+            start_cuda()
     request, fds = receive(control)
     control.close()
     if request is None or len(fds) != 1:
         return
     _candidate_process(socket.socket(fileno=fds[0]), request)
+
+
+def start_cuda() -> None:
+    """Start CUDA and Triton's driver in a spare process, while the judge works on the candidate
+    before: a context is driver work no fork can inherit, and Triton's driver module is loaded
+    from the zygote's cache here, before the candidate's process gets a cache of its own (where
+    it would be compiled anew for every candidate)."""
+    import triton
+
+    torch.zeros(1, device="cuda")
+    triton.runtime.driver.active.get_current_device()
 
 
 def _run_zygote(sock: socket.socket, device: str) -> None:
@@ -195,7 +214,7 @@ def _run_zygote(sock: socket.socket, device: str) -> None:
         # untouched, and so shared with the zygote rather than copied page by page.
         gc.freeze()
         send(sock, {"type": "ready"})
-        _Zygote(sock).serve()
+        _Zygote(sock, device).serve()
         return
     sock.close()
     os.waitpid(pid, 0)

@@ -40,10 +40,19 @@ class Problem:
     def inputs(self, seed: int, device: torch.device | str = "cpu") -> list:
         """`get_inputs()` after `seed`, its tensors made on `device` (drawn there, not copied:
         inputs can be gigabytes)."""
-        torch.manual_seed(seed)
+        seed_device(seed, torch.device(device))
         with torch.device(device):
             values = list(self.module.get_inputs())
         return on_device(values, torch.device(device))
+
+
+def seed_device(seed: int, device: torch.device) -> None:
+    """Seed the CPU's generator and, for a GPU, the GPU's: what drawing on `device` reads.
+    (`torch.manual_seed` also queues seeds for devices not started, recording a stack trace
+    for each, a millisecond a call.)"""
+    torch.random.default_generator.manual_seed(seed)
+    if device.type == "cuda":
+        torch.cuda.manual_seed_all(seed)
 
 
 def on_device(values: list[object], device: torch.device) -> list[object]:
