@@ -1,0 +1,83 @@
+"""Candidates judged per minute: the honest candidates of tests/data/evaluate (pointwise, softmax,
+linear + GELU, KernelBench's linear + ReLU), each judged `--rounds` times in one batch after a
+warm-up batch, and the CPU milliseconds every process of the evaluation spent per candidate.
+
+    python bench/judging_rate_bench.py [--device cpu|cuda] [--workers 2] [--rounds 20]
+        [--root PATH]
+
+`--root` judges with the Kiln checkout at PATH instead of this one (the candidates and problems
+stay this checkout's): run it on an older checkout to compare before and after a change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent.parent
+DATA = HERE / "tests" / "data" / "evaluate"
+HONEST = {"good_pointwise": "pointwise_problem", "good_softmax": "softmax_problem",
+          "good_linear_gelu": "linear_gelu_problem",
+          "good_kb_linear_relu": "kb_linear_relu_problem"}
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """CPU seconds of `root` and every process below it, those it reaped included."""
+    parents: dict[int, tuple[int, int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(stat.parent.name)] = (int(fields[1]), sum(int(f) for f in fields[11:15]))
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        total += parents.get(pid, (0, 0))[1]
+        todo += [p for p, (parent, _) in parents.items() if parent == pid]
+    return total / TICK
+
+
+def own_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--root", type=Path, default=HERE, help="the Kiln checkout to judge with")
+    args = parser.parse_args()
+    if args.device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"
+    sys.path.insert(0, str(args.root.resolve()))
+    from core.evaluate import EvalConfig, Evaluator
+
+    items = [(DATA / f"{problem}.py", (DATA / f"{candidate}.py").read_text())
+             for candidate, problem in HONEST.items()] * args.rounds
+    with Evaluator(EvalConfig(device=args.device), workers=args.workers) as evaluator:
+        evaluator.evaluate_many(items[: args.workers * len(HONEST)])  # workers started, warm
+        roots = [worker.process.pid for worker in evaluator.pool.workers]
+        before = sum(tree_cpu_seconds(pid) for pid in roots) + own_cpu_seconds()
+        began = time.monotonic()
+        verdicts = evaluator.evaluate_many(items)
+        wall = time.monotonic() - began
+        used = sum(tree_cpu_seconds(pid) for pid in roots) + own_cpu_seconds() - before
+    correct = sum(v.correct for v in verdicts)
+    print("| checkout | device | workers | judged | correct | seconds | per minute "
+          "| CPU ms per candidate |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print(f"| {args.root} | {args.device} | {args.workers} | {len(verdicts)} | {correct} "
+          f"| {wall:.1f} | {len(verdicts) / wall * 60:.0f} "
+          f"| {used / len(verdicts) * 1e3:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
