@@ -57,10 +57,25 @@ def _constant_int(node: ast.expr) -> int | None:
     return None
 
 
+SHRUNK_LARGEST = 32
+
+
+def shrink(size: int, factor: int) -> int:
+    """`size` divided by the problem's `factor`, but not under 16 (nor under itself when it is
+    16 or less), and odd when it was, to keep ragged tails."""
+    if size <= 16:
+        return size
+    small = max(16, size // factor)
+    return small + 1 if size % 2 and small % 2 == 0 else small
+
+
 def shrunk(source: str) -> str:
-    """Module-level int sizes (literals or arithmetic on them) above 16 made 16 (17 when odd, to
-    keep ragged tails)."""
+    """Module-level int sizes (literals or arithmetic on them) divided by one factor that brings
+    the largest to SHRUNK_LARGEST, none under 16: sizes keep their ratios where they can, so
+    that channels still split into groups of several values (each made 16 alone, 8192 channels
+    in 512 groups became groups of one value, whose normalized output is rounding noise)."""
     lines = source.splitlines()
+    assigned = []
     for node in ast.parse(source).body:
         if not (isinstance(node, ast.Assign) and len(node.targets) == 1
                 and isinstance(node.targets[0], ast.Name)):
@@ -69,7 +84,11 @@ def shrunk(source: str) -> str:
         sizes = [_constant_int(v) for v in values]
         if any(size is None for size in sizes) or node.lineno != node.end_lineno:
             continue
-        small = [size if size <= 16 else 16 + size % 2 for size in sizes]
+        assigned.append((node, sizes))
+    largest = max((size for _, sizes in assigned for size in sizes), default=0)
+    factor = max(1, largest // SHRUNK_LARGEST)
+    for node, sizes in assigned:
+        small = [shrink(size, factor) for size in sizes]
         text = f"({', '.join(map(str, small))},)" if isinstance(node.value, ast.Tuple) else \
             str(small[0])
         lines[node.lineno - 1] = f"{node.targets[0].id} = {text}"
