@@ -115,6 +115,19 @@ def test_there_is_no_network(worker):
     assert "network refused" in verdict.reason, verdict.reason
 
 
+def test_no_unix_socket_reaches_a_server_bound_to_a_path(worker, tmp_path):
+    path = tmp_path / "server.sock"
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(str(path))
+        server.listen()
+        server.settimeout(0.5)
+        verdict = judge(worker, escape("escape_unix_socket",
+                                       **{"/nonexistent/socket": str(path)}))
+        with pytest.raises(TimeoutError):
+            server.accept()
+    assert "unix socket refused" in verdict.reason, verdict.reason
+
+
 def test_writes_stay_in_the_scratch_folder(worker, tmp_path):
     outside = tmp_path / "outside.txt"
     verdict = judge(worker, escape("escape_write", **{"/nonexistent/outside": str(outside)}))

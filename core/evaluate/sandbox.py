@@ -9,8 +9,9 @@ is PID 1 of the new PID namespace: when it ends, the kernel kills every process 
 those that made new sessions or process groups too. The candidate's process then confines itself
 (`confine`) before it imports the candidate: resource limits, Landlock (writes beneath the
 scratch folder only, no TCP, no signals to processes outside, no abstract Unix sockets outside),
-no new privileges. Landlock is a Linux security module (5.13+; TCP rules 6.7+, scoping 6.12+);
-without it the sandbox cannot be built and the evaluator says so.
+no new privileges, and a seccomp filter that refuses it new Unix sockets. Landlock is a Linux
+security module (5.13+; TCP rules 6.7+, scoping 6.12+); without it the sandbox cannot be built
+and the evaluator says so.
 """
 
 from __future__ import annotations
@@ -228,6 +229,52 @@ def apply_limits(limits: Limits, device: str) -> None:
         resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
 
 
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8),
+                ("k", ctypes.c_uint32)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+# seccomp: the architectures whose socket(2) is refused Unix sockets, and the BPF it takes.
+SOCKET_SYSCALLS = {0xC000003E: 41, 0xC00000B7: 198}  # AUDIT_ARCH_X86_64, AUDIT_ARCH_AARCH64
+X32_SYSCALL_BIT = 0x40000000
+AF_UNIX = 1
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+LOAD, JUMP_EQUAL, JUMP_AT_LEAST, RETURN = 0x20, 0x15, 0x35, 0x06
+SECCOMP_ALLOW, SECCOMP_EACCES = 0x7FFF0000, 0x00050000 | 13
+
+
+def refuse_unix_sockets() -> None:
+    """No new Unix socket for this process and its children: a network namespace leaves
+    sockets bound to a path in the file system (a container runtime's, a Ray node's) within
+    reach, and Landlock does not govern connecting to them. The candidate's own socket to the
+    judge is made before; socketpair(2) stays allowed, since a pair reaches nothing else.
+    Needs no_new_privs (`restrict_writes` sets it). Irreversible."""
+    block = 7
+    allow = block * len(SOCKET_SYSCALLS)
+    deny = allow + 1
+    program: list[tuple[int, int, int, int]] = []  # (code, jump if true, if false, k)
+    for arch, number in SOCKET_SYSCALLS.items():
+        at = len(program)
+        program += [
+            (LOAD, 0, 0, 4),  # the architecture: another one goes on to the next block
+            (JUMP_EQUAL, 0, block - 2, arch),
+            (LOAD, 0, 0, 0),  # the syscall's number: x32's are refused outright
+            (JUMP_AT_LEAST, deny - (at + 4), 0, X32_SYSCALL_BIT),
+            (JUMP_EQUAL, 0, allow - (at + 5), number),
+            (LOAD, 0, 0, 16),  # socket's first argument, the domain
+            (JUMP_EQUAL, deny - (at + 7), allow - (at + 7), AF_UNIX),
+        ]
+    program += [(RETURN, 0, 0, SECCOMP_ALLOW), (RETURN, 0, 0, SECCOMP_EACCES)]
+    filters = (_SockFilter * len(program))(*[_SockFilter(*i) for i in program])
+    fprog = _SockFprog(len(program), filters)
+    _check(_libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fprog), 0, 0),
+           "seccomp (no Unix sockets)")
+
+
 def device_paths(device: str) -> list[Path]:
     """Files outside the scratch folder a candidate's process must be able to open for writing:
     /dev/null, and on CUDA the GPU's device files and /dev/shm (CUDA IPC's reference counts)."""
@@ -242,3 +289,4 @@ def confine(scratch: Path, device: str, limits: Limits) -> None:
     candidate: limits, then Landlock."""
     apply_limits(limits, device)
     restrict_writes([scratch, *device_paths(device)])
+    refuse_unix_sockets()
