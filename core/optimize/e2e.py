@@ -25,6 +25,7 @@ from core.evaluate.config import EvalConfig
 from core.evaluate.correctness import TOLERANCES, compare_outputs, tolerance_name
 from core.profile.in_situ import steady_threads
 from core.profile.progress import Progress
+from core.runtime.graph_breaks import trace_through_warnings
 from core.runtime.guarded import SiteKernel
 from core.runtime.install import InstalledModel, install
 from core.timing.device_lock import device_lock_path, exclusive_device
@@ -291,6 +292,7 @@ class EndToEndCheck:
 
     def _run(self, total_ms: float, gains: list[SiteGain]) -> EndToEnd:
         self.progress.step("end to end: timing eager and torch.compile in turns")
+        trace_through_warnings()
         compiled = torch.compile(self.model)
         with torch.no_grad():
             compiled(*self.input_sets[0])

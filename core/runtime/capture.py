@@ -17,6 +17,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
+from .graph_breaks import trace_through_warnings
 from .partition import Region, Segment, partition, segments
 
 
@@ -155,6 +156,7 @@ def capture(model: nn.Module, inputs: tuple, device: torch.device) -> Capture:
         return run
 
     torch._dynamo.reset()
+    trace_through_warnings()
     compiled = torch.compile(model, backend=backend, dynamic=False)
     result = Capture(graphs, recorder, compiled)
     with torch.no_grad():
