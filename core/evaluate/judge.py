@@ -202,6 +202,8 @@ class Judge:
         verdict.library_ops = sorted(models.library_ops)
         verdict.kernel_launches = models.launches
         name, tol = next(iter(models.tolerances.values()), ("exact", 0.0))
+        if models.against_exact:
+            name += ", or as close to the fp64 answer as PyTorch's"
         verdict.tolerance_name, verdict.tolerance = name, tol
         timing_seed = base + config.seeds[0]
         if config.time:

@@ -28,6 +28,7 @@ from core.evaluate.correctness import (
     tolerance_name,
 )
 from core.evaluate.diagnosis import moved_bytes
+from core.evaluate.exact_reference import as_close_as_pytorch, fp64_outputs
 from core.evaluate.exchange import Opaque, SharedInput
 from core.evaluate.guard import ANCHOR_OPS
 from core.evaluate.verdict import Reason
@@ -56,6 +57,8 @@ class Models:
     tolerances: dict[torch.dtype, tuple[str, float]] = field(default_factory=dict)
     library_ops: set[str] = field(default_factory=set)
     launches: int = 0
+    # Whether some output passed only against fp64 (`core.evaluate.exact_reference`).
+    against_exact: bool = False
 
 
 def judge_failure(err: BaseException, doing: str) -> Rejected:
@@ -137,11 +140,30 @@ def run_trial(models: Models, label: str, pristine: list[object], device: torch.
     if not models.tolerances:
         models.tolerances = tolerances_for(reference_out, anchors, config)
     comparison = compare_outputs(result.outputs, reference_out, models.tolerances)
+    if comparison.mismatch is not None and comparison.mismatch.code is Reason.WRONG_VALUES:
+        comparison = second_opinion(models, pristine, result.outputs, reference_out,
+                                    comparison)
     if not keep:
         for copy in copies:
             if isinstance(copy, SharedInput):
                 models.candidate.side.forget(copy)
     return Trial(label, comparison, digest, floor_ms, impossible_ms, copies if keep else None)
+
+
+def second_opinion(models: Models, pristine: list[object], out: object, reference_out: object,
+                   failed: Comparison) -> Comparison:
+    """`failed` stands unless the outputs are as close to the fp64 answer as PyTorch's are."""
+    try:
+        exact = fp64_outputs(models.reference, pristine)
+    except (torch.OutOfMemoryError, RuntimeError) as err:  # the failure stands, and says why
+        assert failed.mismatch is not None
+        failed.mismatch.message += f" (no fp64 second opinion: {error_line(err)})"
+        return failed
+    against = as_close_as_pytorch(out, reference_out, exact, models.tolerances)
+    if against is None:
+        return failed
+    models.against_exact = True
+    return against
 
 
 def check_trace(result: CallResult, anchors: set[str], label: str) -> None:

@@ -13,6 +13,7 @@ baseline, 1.00x by definition.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -23,6 +24,8 @@ from torch.utils._pytree import tree_map
 
 from core.evaluate.config import EvalConfig
 from core.evaluate.correctness import TOLERANCES, compare_outputs, tolerance_name
+from core.evaluate.exact_reference import as_close_as_pytorch, fp64_outputs
+from core.evaluate.verdict import Reason
 from core.profile.in_situ import steady_threads
 from core.profile.progress import Progress
 from core.runtime.graph_breaks import trace_through_warnings
@@ -165,8 +168,14 @@ def check_outputs(model: nn.Module, installed: Callable, inputs: tuple, tf32: bo
         with torch.no_grad():
             reference = model(*fresh)
             out = installed(*fresh)
-        comparison = compare_outputs(out, reference,
-                                     _tolerances(reference, tf32, device))
+        tolerances = _tolerances(reference, tf32, device)
+        comparison = compare_outputs(out, reference, tolerances)
+        if comparison.mismatch is not None and comparison.mismatch.code is Reason.WRONG_VALUES:
+            # Outputs that are rounding noise: as close to the fp64 answer as eager's is? (A
+            # model that cannot run in fp64 here keeps the mismatch.)
+            with contextlib.suppress(torch.OutOfMemoryError, RuntimeError):
+                exact = fp64_outputs(model, fresh)
+                comparison = as_close_as_pytorch(out, reference, exact, tolerances) or comparison
         worst_abs = max(worst_abs, comparison.max_abs_err)
         worst_rel = max(worst_rel, comparison.max_rel_err)
         if comparison.mismatch is not None and not mismatch:
