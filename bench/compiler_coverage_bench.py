@@ -77,21 +77,27 @@ def shrunk(source: str) -> str:
     lines = source.splitlines()
     assigned = []
     for node in ast.parse(source).body:
-        if not (isinstance(node, ast.Assign) and len(node.targets) == 1
-                and isinstance(node.targets[0], ast.Name)):
+        # `n = 4`, `h = w = 256`, `shape = (4, 8)` and `D, H, W = 16, 32, 32` alike.
+        if not (isinstance(node, ast.Assign) and node.lineno == node.end_lineno and all(
+                isinstance(t, ast.Name) or (isinstance(t, ast.Tuple) and all(
+                    isinstance(e, ast.Name) for e in t.elts)) for t in node.targets)):
             continue
         values = node.value.elts if isinstance(node.value, ast.Tuple) else [node.value]
         sizes = [_constant_int(v) for v in values]
-        if any(size is None for size in sizes) or node.lineno != node.end_lineno:
-            continue
-        assigned.append((node, sizes))
+        if all(size is not None for size in sizes):
+            assigned.append((node, sizes))
     largest = max((size for _, sizes in assigned for size in sizes), default=0)
     factor = max(1, largest // SHRUNK_LARGEST)
     for node, sizes in assigned:
-        small = [shrink(size, factor) for size in sizes]
-        text = f"({', '.join(map(str, small))},)" if isinstance(node.value, ast.Tuple) else \
-            str(small[0])
-        lines[node.lineno - 1] = f"{node.targets[0].id} = {text}"
+        small = [str(shrink(size, factor)) for size in sizes]
+        targets = " = ".join(", ".join(e.id for e in t.elts) if isinstance(t, ast.Tuple)
+                             else t.id for t in node.targets)
+        if isinstance(node.value, ast.Tuple):
+            value = ", ".join(small) if len(node.targets) == 1 and isinstance(
+                node.targets[0], ast.Tuple) else f"({', '.join(small)},)"
+        else:
+            value = small[0]
+        lines[node.lineno - 1] = f"{targets} = {value}"
     return "\n".join(lines) + "\n"
 
 

@@ -17,3 +17,8 @@ def test_channels_keep_several_values_a_group():
     source = "batch_size = 1024\nhidden_size = 8192\nnum_groups = 512\nkernel = 3\n"
     assert shrunk(source) == ("batch_size = 16\nhidden_size = 32\nnum_groups = 16\n"
                               "kernel = 3\n")
+
+
+def test_chained_and_unpacked_sizes_shrink_too():
+    source = "batch = 128\nheight = width = 256\nD, H, W = 24, 32, 33\n"
+    assert shrunk(source) == "batch = 16\nheight = width = 32\nD, H, W = 16, 16, 17\n"
