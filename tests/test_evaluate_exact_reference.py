@@ -1,6 +1,7 @@
 """Outputs that are rounding noise (the mean of a normalized tensor, zero in exact arithmetic) are
 judged against the reference run in fp64: a correct kernel is as close to it as PyTorch, a wrong
-one is not, and an output PyTorch computes accurately is held to the tolerance as before."""
+one is not, and an output PyTorch computes accurately is held to the tolerance as before. A
+half-precision output may be only as far from fp64 as PyTorch's own."""
 
 from __future__ import annotations
 
@@ -8,10 +9,16 @@ import torch
 
 from core.evaluate import EvalConfig, Evaluator
 from core.evaluate.correctness import TOLERANCES
-from core.evaluate.exact_reference import as_close_as_pytorch, fp64_outputs
+from core.evaluate.exact_reference import (
+    FULL_PRECISION,
+    ExactAnswer,
+    as_close_as_pytorch,
+    exact_answer,
+)
 from generators.rules import RulesGenerator
 
 FP32 = {torch.float32: ("fp32", TOLERANCES["fp32"])}
+BF16 = {torch.bfloat16: ("bf16", TOLERANCES["bf16"])}
 
 PROBLEM = '''
 import torch
@@ -62,11 +69,12 @@ class NoiseMean(torch.nn.Module):
 
 
 def test_another_summation_order_is_as_close_to_fp64_as_pytorch():
+    torch.manual_seed(0)
     x = torch.randn(4, 16, 3, 5, 6)
     model = NoiseMean()
     reference = model(x)
-    exact = fp64_outputs(model, [x])
-    assert exact.dtype == torch.float64
+    exact = exact_answer(model, [x])
+    assert exact.exact.dtype == torch.float64
     # The same mean summed in another order: as correct, and elsewhere in the noise.
     other = torch.nn.functional.group_norm(x, 8).flatten(1).flip(1).sum(1) / x[0].numel()
     assert (other - reference).abs().max() > TOLERANCES["fp32"] * reference.abs().max()
@@ -75,9 +83,10 @@ def test_another_summation_order_is_as_close_to_fp64_as_pytorch():
 
 
 def test_an_accurate_output_is_held_to_the_tolerance_as_before():
+    torch.manual_seed(0)
     x = torch.randn(64, 32)
     reference = torch.softmax(x, dim=1)
-    exact = torch.softmax(x.double(), dim=1)
+    exact = ExactAnswer(torch.softmax(x.double(), dim=1), reference)
     off = reference * (1 + 3 * TOLERANCES["fp32"])
     assert as_close_as_pytorch(off, reference, exact, FP32) is None
     assert as_close_as_pytorch(reference.clone(), reference, exact, FP32) is not None
@@ -110,3 +119,19 @@ def test_the_end_to_end_check_judges_a_noise_output_against_fp64_too():
     wrong = check_outputs(model, lambda x: torch.full((x.shape[0],), 1e-3), inputs, tf32=False,
                           device="cpu")
     assert "tolerance" in wrong.mismatch, wrong.mismatch
+
+
+def test_a_half_precision_output_may_be_as_far_from_fp64_as_pytorchs_and_no_further():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 64, 32) for _ in range(3))
+    fp64 = torch.softmax(q.double() @ k.double().transpose(1, 2), -1) @ v.double()
+    # PyTorch in bf16 rounds the scores, the weights and the products; a kernel that keeps them
+    # in fp32 and rounds once at the end is nearer the exact answer.
+    reference = torch.softmax(q.bfloat16() @ k.bfloat16().transpose(1, 2), -1) @ v.bfloat16()
+    exact = ExactAnswer(fp64, reference)
+    nearer = fp64.bfloat16()
+    assert as_close_as_pytorch(nearer, reference, exact, BF16) is not None
+    further = reference * 1.05
+    assert as_close_as_pytorch(further, reference, exact, BF16) is None
+    # Where the end-to-end check leaves half precision to its own rule.
+    assert as_close_as_pytorch(nearer, reference, exact, BF16, FULL_PRECISION) is None

@@ -18,7 +18,7 @@ import torch
 from core.evaluate.candidate import Rejected
 from core.evaluate.config import EvalConfig
 from core.evaluate.correctness import Comparison, changed_inputs, compare_outputs
-from core.evaluate.exact_reference import as_close_as_pytorch, fp64_outputs
+from core.evaluate.exact_reference import ExactAnswer, as_close_as_pytorch, exact_answer
 from core.evaluate.exchange import SharedInput
 from core.evaluate.trial import Models, checked_call, judge_failure, shared_copies, tensors_of
 from core.evaluate.verdict import Reason, Verdict
@@ -33,7 +33,7 @@ def time_candidate(models: Models, candidate_sets: list[list[object]],
     """Warm-up calls (a count, and a wall-clock minimum), then the timed trials; each call's
     inputs and output checked against its set's."""
     calls = 0
-    exact: dict[int, object] = {}  # each set's fp64 outputs, for outputs that are noise
+    exact: dict[int, ExactAnswer] = {}  # each set's, for outputs that are noise
 
     def within(outputs: object, index: int) -> bool:
         """Whether a call's outputs pass, as the checks passed them (against fp64 too, for
@@ -43,7 +43,7 @@ def time_candidate(models: Models, candidate_sets: list[list[object]],
         if not models.against_exact:
             return False
         if index not in exact:
-            exact[index] = fp64_outputs(models.reference, plain_sets[index])
+            exact[index] = exact_answer(models.reference, plain_sets[index])
         return as_close_as_pytorch(outputs, references[index], exact[index],
                                    models.tolerances) is not None
 

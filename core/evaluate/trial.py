@@ -28,7 +28,7 @@ from core.evaluate.correctness import (
     tolerance_name,
 )
 from core.evaluate.diagnosis import moved_bytes
-from core.evaluate.exact_reference import as_close_as_pytorch, fp64_outputs
+from core.evaluate.exact_reference import as_close_as_pytorch, exact_answer
 from core.evaluate.exchange import Opaque, SharedInput
 from core.evaluate.guard import ANCHOR_OPS
 from core.evaluate.verdict import Reason
@@ -154,7 +154,7 @@ def second_opinion(models: Models, pristine: list[object], out: object, referenc
                    failed: Comparison) -> Comparison:
     """`failed` stands unless the outputs are as close to the fp64 answer as PyTorch's are."""
     try:
-        exact = fp64_outputs(models.reference, pristine)
+        exact = exact_answer(models.reference, pristine)
     except (torch.OutOfMemoryError, RuntimeError) as err:  # the failure stands, and says why
         assert failed.mismatch is not None
         failed.mismatch.message += f" (no fp64 second opinion: {error_line(err)})"
