@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 
 from core.evaluate.config import EvalConfig
-from core.runtime.graph_breaks import trace_through_warnings
 from core.runtime.problem_loader import load_problem
+from core.runtime.tracing import set_tracing_rules
 from core.timing.device_lock import device_lock_path, exclusive_device
 from core.timing.model_timing import rotation_sets, time_model
 from core.timing.precision import fp32_matmuls
@@ -46,7 +46,7 @@ def _time_site(problem_path: Path, config: EvalConfig, compile: bool) -> SiteBas
     input_sets = rotation_sets(pristine, device, config.rotation_budget_bytes)
     runs: list[torch.nn.Module] = [model]
     if compile:
-        trace_through_warnings()
+        set_tracing_rules()
         runs.append(torch.compile(model, dynamic=False))
         with torch.no_grad():
             runs[1](*input_sets[0])  # compiled here, not inside the timing

@@ -28,9 +28,9 @@ from core.evaluate.exact_reference import FULL_PRECISION, as_close_as_pytorch, e
 from core.evaluate.verdict import Reason
 from core.profile.in_situ import steady_threads
 from core.profile.progress import Progress
-from core.runtime.graph_breaks import trace_through_warnings
 from core.runtime.guarded import SiteKernel
 from core.runtime.install import InstalledModel, install
+from core.runtime.tracing import set_tracing_rules
 from core.timing.device_lock import device_lock_path, exclusive_device
 from core.timing.model_timing import time_model
 
@@ -303,7 +303,7 @@ class EndToEndCheck:
 
     def _run(self, total_ms: float, gains: list[SiteGain]) -> EndToEnd:
         self.progress.step("end to end: timing eager and torch.compile in turns")
-        trace_through_warnings()
+        set_tracing_rules()
         compiled = torch.compile(self.model)
         with torch.no_grad():
             compiled(*self.input_sets[0])

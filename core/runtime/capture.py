@@ -17,8 +17,8 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
-from .graph_breaks import trace_through_warnings
 from .partition import Region, Segment, partition, segments
+from .tracing import set_tracing_rules
 
 
 @dataclass
@@ -156,7 +156,7 @@ def capture(model: nn.Module, inputs: tuple, device: torch.device) -> Capture:
         return run
 
     torch._dynamo.reset()
-    trace_through_warnings()
+    set_tracing_rules()
     compiled = torch.compile(model, backend=backend, dynamic=False)
     result = Capture(graphs, recorder, compiled)
     with torch.no_grad():

@@ -26,10 +26,10 @@ from collections.abc import Callable
 import torch
 import torch.nn as nn
 
-from .graph_breaks import trace_through_warnings
 from .guarded import GuardedKernel, SiteKernel, load_guarded
 from .inline import tracing_backend
 from .stitch import stitching_backend
+from .tracing import set_tracing_rules
 
 log = logging.getLogger("kiln.install")
 _LIBRARY = torch.library.Library("kiln", "FRAGMENT")
@@ -128,7 +128,7 @@ def install(model: nn.Module, kernels: list[SiteKernel], rest: str = "inductor",
     if rest not in ("inductor", "eager"):
         raise ValueError(f"rest must be 'inductor' or 'eager', not {rest!r}")
     calls = Counter() if calls is None else calls
-    trace_through_warnings()
+    set_tracing_rules()
     if not kernels:
         return InstalledModel(model, torch.compile(model) if rest == "inductor" else model,
                               {}, calls, [])

@@ -1,5 +1,6 @@
-"""A module that warns does not split the model's graph: its ops stay in the captured graph, where
-Kiln can make them a site."""
+"""What Kiln asks of torch.compile: a module that warns does not split the graph, and
+nn.MultiheadAttention is traced through; either way the ops stay in the captured graph, where
+Kiln can make them sites."""
 
 from __future__ import annotations
 
@@ -47,4 +48,29 @@ def test_the_installed_model_keeps_one_graph_and_its_answer():
     installed = install(model, [], rest="inductor")
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        torch.testing.assert_close(installed(*inputs), model(*inputs))
+
+
+class SelfAttention(nn.Module):
+    """ViT's attention block: nn.MultiheadAttention, which calls
+    F.multi_head_attention_forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attention = nn.MultiheadAttention(32, 4, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.attention(x, x, x, need_weights=False)[0]
+
+
+def test_multihead_attention_becomes_matmul_and_attention_sites():
+    torch.manual_seed(0)
+    model, inputs = SelfAttention().eval(), [torch.randn(2, 8, 32)]
+    with torch.no_grad():
+        captured = capture(model, inputs, CPU)
+    families = [site.family for site in find_sites(captured, GpuPeaks()).sites]
+    assert "attention" in families and "matmul" in families, families
+    assert "other" not in families, families
+    installed = install(model, [], rest="inductor")
+    with torch.no_grad():
         torch.testing.assert_close(installed(*inputs), model(*inputs))
