@@ -45,6 +45,18 @@ def tolerance_name(dtype: torch.dtype, tf32: bool, device: str) -> str:
     return name
 
 
+def dtype_tolerances(reference: object, tf32: bool, device: str
+                     ) -> dict[torch.dtype, tuple[str, float]]:
+    """Each floating or exact dtype among `reference`'s tensors, with its tolerance's name and
+    value (`tolerance_name`)."""
+    found: dict[torch.dtype, tuple[str, float]] = {}
+    for leaf in flatten(reference):
+        if isinstance(leaf, torch.Tensor) and leaf.dtype not in found:
+            name = tolerance_name(leaf.dtype, tf32, device)
+            found[leaf.dtype] = (name, TOLERANCES[name])
+    return found
+
+
 def flatten(output: object) -> list[object]:
     if isinstance(output, tuple | list):
         return [leaf for item in output for leaf in flatten(item)]

@@ -19,13 +19,12 @@ import torch
 from core.evaluate.candidate import CallResult, CandidateProcess, Rejected
 from core.evaluate.config import EvalConfig
 from core.evaluate.correctness import (
-    TOLERANCES,
     Comparison,
     changed_inputs,
     compare_outputs,
+    dtype_tolerances,
     fingerprint,
     flatten,
-    tolerance_name,
 )
 from core.evaluate.diagnosis import moved_bytes
 from core.evaluate.exact_reference import as_close_as_pytorch, exact_answer
@@ -185,12 +184,8 @@ def check_trace(result: CallResult, anchors: set[str], label: str) -> None:
 
 def tolerances_for(reference_out: object, anchors: set[str], config: EvalConfig
                    ) -> dict[torch.dtype, tuple[str, float]]:
-    tolerances: dict[torch.dtype, tuple[str, float]] = {}
-    for leaf in flatten(reference_out):
-        if isinstance(leaf, torch.Tensor) and leaf.dtype not in tolerances:
-            name = tolerance_name(leaf.dtype, config.tf32_for(anchors), config.device)
-            if config.tolerance is not None:
-                tolerances[leaf.dtype] = (f"{name} overridden", config.tolerance)
-            else:
-                tolerances[leaf.dtype] = (name, TOLERANCES[name])
-    return tolerances
+    tolerances = dtype_tolerances(reference_out, config.tf32_for(anchors), config.device)
+    if config.tolerance is None:
+        return tolerances
+    return {dtype: (f"{name} overridden", config.tolerance)
+            for dtype, (name, _) in tolerances.items()}

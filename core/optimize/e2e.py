@@ -23,7 +23,7 @@ import torch.nn as nn
 from torch.utils._pytree import tree_map
 
 from core.evaluate.config import EvalConfig
-from core.evaluate.correctness import TOLERANCES, compare_outputs, tolerance_name
+from core.evaluate.correctness import compare_outputs, dtype_tolerances
 from core.evaluate.exact_reference import FULL_PRECISION, as_close_as_pytorch, exact_answer
 from core.evaluate.verdict import Reason
 from core.profile.in_situ import steady_threads
@@ -148,16 +148,6 @@ def fresh_like(inputs: tuple, seed: int) -> tuple:
     return tree_map(draw, inputs)
 
 
-def _tolerances(reference: object, tf32: bool, device: str
-                ) -> dict[torch.dtype, tuple[str, float]]:
-    found: dict[torch.dtype, tuple[str, float]] = {}
-    for leaf in torch.utils._pytree.tree_leaves(reference):
-        if isinstance(leaf, torch.Tensor) and leaf.dtype not in found:
-            name = tolerance_name(leaf.dtype, tf32, device)
-            found[leaf.dtype] = (name, TOLERANCES[name])
-    return found
-
-
 def check_outputs(model: nn.Module, installed: Callable, inputs: tuple, tf32: bool,
                   device: str) -> Deviation:
     """`installed` against eager `model` on each fresh seed's inputs."""
@@ -168,7 +158,7 @@ def check_outputs(model: nn.Module, installed: Callable, inputs: tuple, tf32: bo
         with torch.no_grad():
             reference = model(*fresh)
             out = installed(*fresh)
-        tolerances = _tolerances(reference, tf32, device)
+        tolerances = dtype_tolerances(reference, tf32, device)
         comparison = compare_outputs(out, reference, tolerances)
         if comparison.mismatch is not None and comparison.mismatch.code is Reason.WRONG_VALUES:
             # Outputs that are rounding noise: as close to the fp64 answer as eager's is? (A
