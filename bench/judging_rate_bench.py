@@ -3,10 +3,13 @@ linear + GELU, KernelBench's linear + ReLU), each judged `--rounds` times in one
 warm-up batch, and the CPU milliseconds every process of the evaluation spent per candidate.
 
     python bench/judging_rate_bench.py [--device cpu|cuda] [--workers 2] [--rounds 20]
-        [--root PATH]
+        [--root PATH] [--compile-each]
 
 `--root` judges with the Kiln checkout at PATH instead of this one (the candidates and problems
 stay this checkout's): run it on an older checkout to compare before and after a change.
+`--compile-each` compiles every candidate's kernels anew (Triton's cache unused), as in a search,
+where no two candidates are alike; without it a judge that keeps Triton's cache between
+candidates compiles each of the four only once.
 """
 
 from __future__ import annotations
@@ -54,7 +57,11 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--root", type=Path, default=HERE, help="the Kiln checkout to judge with")
+    parser.add_argument("--compile-each", action="store_true",
+                        help="compile every candidate's kernels anew, as a search does")
     args = parser.parse_args()
+    if args.compile_each:
+        os.environ["TRITON_ALWAYS_COMPILE"] = "1"
     if args.device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"
     sys.path.insert(0, str(args.root.resolve()))
@@ -71,10 +78,12 @@ def main() -> None:
         wall = time.monotonic() - began
         used = sum(tree_cpu_seconds(pid) for pid in roots) + own_cpu_seconds() - before
     correct = sum(v.correct for v in verdicts)
-    print("| checkout | device | workers | judged | correct | seconds | per minute "
+    print("| checkout | device | compiles | workers | judged | correct | seconds | per minute "
           "| CPU ms per candidate |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    print(f"| {args.root} | {args.device} | {args.workers} | {len(verdicts)} | {correct} "
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    compiles = "each candidate" if args.compile_each else "cached"
+    print(f"| {args.root} | {args.device} | {compiles} | {args.workers} | {len(verdicts)} "
+          f"| {correct} "
           f"| {wall:.1f} | {len(verdicts) / wall * 60:.0f} "
           f"| {used / len(verdicts) * 1e3:.0f} |")
 

@@ -141,8 +141,10 @@ def test_memory_is_bounded(worker):
 
 
 def test_the_judge_cannot_be_signalled(worker):
-    """Outside its PID namespace no process exists for it (and Landlock scopes its signals)."""
-    verdict = judge(worker, escape("escape_kill_judge"))
+    """Outside its PID namespace no process exists for it, its /proc shows none (and Landlock
+    scopes its signals)."""
+    verdict = judge(worker, escape("escape_kill_judge",
+                                   **{"JUDGE_PID = 0": f"JUDGE_PID = {worker.process.pid}"}))
     assert "kill attempts: ['No such process']" in verdict.reason, verdict.reason
     assert worker.alive
 

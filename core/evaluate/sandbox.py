@@ -38,6 +38,7 @@ LANDLOCK_RULE_PATH_BENEATH = 1
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 36, 38
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = (
     0x00020000, 0x10000000, 0x20000000, 0x40000000)
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
 
 # Landlock's filesystem rights that change the file system (the rights to read and execute
 # are left alone: Python, Triton's compiler and CUDA read and run files all over the disk).
@@ -168,6 +169,18 @@ def enter_namespaces() -> None:
         _write_proc("/proc/self/setgroups", "deny")
         _write_proc("/proc/self/uid_map", f"{uid} {uid} 1")
         _write_proc("/proc/self/gid_map", f"{gid} {gid} 1")
+
+
+def mount_own_proc() -> None:
+    """A /proc of this process's own PID namespace, in a mount namespace of its own. In a PID
+    namespace under the parent's /proc, /proc/<getpid()> names another process, and CUDA's
+    driver, which looks itself up there, does not start (error 304, "OS call failed")."""
+    _check(_libc.unshare(ctypes.c_int(CLONE_NEWNS)), "unshare (mount namespace)")
+    _check(_libc.mount(None, b"/", None, ctypes.c_ulong(MS_REC | MS_PRIVATE), None),
+           "mount (/ private to this namespace)")
+    _check(_libc.mount(b"proc", b"/proc", b"proc",
+                       ctypes.c_ulong(MS_NOSUID | MS_NODEV | MS_NOEXEC), None),
+           "mount (a /proc of its own PID namespace)")
 
 
 class PidNamespaces:

@@ -4,12 +4,13 @@ milliseconds, with CUDA started fresh in it and nothing of any other candidate o
 
 The zygote lives in namespaces of its own (`sandbox.enter_namespaces`): a network namespace with
 no network, shared by the candidates it forks, and a PID namespace of which it is PID 1. Each
-candidate's process is PID 1 of yet another PID namespace (`sandbox.PidNamespaces`): when it
-ends, the kernel kills every process left in it, those in sessions or process groups of their
-own too. It confines itself (`sandbox.confine`) and serves the judge (`core.evaluate.runner`) on
-a socket of its own. The zygote reaps it, reports how it ended (signal, exit code, CPU seconds)
-and kills it when the judge asks (the judge cannot name it: it sees other PIDs). The zygote dies
-with the judge, and a candidate's process with the zygote.
+candidate's process is PID 1 of yet another PID namespace (`sandbox.PidNamespaces`), with a
+/proc of its own (`sandbox.mount_own_proc`, which CUDA needs): when it ends, the kernel kills
+every process left in it, those in sessions or process groups of their own too. It confines
+itself (`sandbox.confine`) and serves the judge (`core.evaluate.runner`) on a socket of its own.
+The zygote reaps it, reports how it ended (signal, exit code, CPU seconds) and kills it when the
+judge asks (the judge cannot name it: it sees other PIDs). The zygote dies with the judge, and a
+candidate's process with the zygote.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ import os
 import select
 import signal
 import socket
+import tempfile
 import time
+import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +38,7 @@ from core.evaluate.sandbox import (
     confine,
     die_with_parent,
     enter_namespaces,
+    mount_own_proc,
 )
 from core.evaluate.transport import TransportError, close_all, receive, send, socket_pair
 
@@ -70,6 +74,7 @@ def _candidate_process(sock: socket.socket, request: dict[str, Any]) -> None:
     for name, value in {"HOME": scratch, "TMPDIR": scratch,
                         "TRITON_CACHE_DIR": scratch / "triton"}.items():
         os.environ[name] = str(value)
+    tempfile.tempdir = None  # read again from TMPDIR: the zygote's answer was /tmp
     limits = Limits(**request["limits"])
     confine(scratch, request["device"], limits)
     faulthandler.enable()
@@ -126,8 +131,10 @@ class _Zygote:
             ours.close()
             try:
                 _spare_process(theirs, self.device)
-            finally:
-                os._exit(0)
+            except BaseException:  # noqa: BLE001 - a process's last words, for its verdict
+                traceback.print_exc()
+                os._exit(1)
+            os._exit(0)
         self.namespaces.after_fork()
         theirs.close()
         self.live.add(pid)
@@ -171,15 +178,20 @@ def _spare_process(control: socket.socket, device: str) -> None:
     CPU: it moves the pages a candidate's process copies from the zygote off the way to a
     verdict, but costs more CPU than it saves.)"""
     die_with_parent()
+    mount_own_proc()
+    startup_error = None
     if device == "cuda":
-        # A GPU that cannot start here fails the candidate's own first CUDA call the same way,
-        # and that failure is its verdict.
-        with contextlib.suppress(RuntimeError):
+        try:
             start_cuda()
+        except Exception as err:  # noqa: BLE001 - told once the judge watches this process
+            startup_error = err
     request, fds = receive(control)
     control.close()
     if request is None or len(fds) != 1:
         return
+    if startup_error is not None:
+        raise RuntimeError(f"CUDA did not start in the candidate's process: "
+                           f"{startup_error}") from startup_error
     _candidate_process(socket.socket(fileno=fds[0]), request)
 
 
@@ -209,6 +221,11 @@ def _run_zygote(sock: socket.socket, device: str) -> None:
     pid = os.fork()
     if pid == 0:
         die_with_parent()
+        try:
+            mount_own_proc()  # as every candidate's process will: refused here, said here
+        except (SandboxError, OSError) as err:
+            send(sock, {"type": "failed", "error": str(err)})
+            return
         warm_up(device)
         # Everything alive now stays: the collector of a candidate's process then leaves it
         # untouched, and so shared with the zygote rather than copied page by page.
@@ -243,8 +260,11 @@ class Zygote:
         self.pid = os.fork()
         if self.pid == 0:
             ours.close()
-            with contextlib.suppress(Exception):
+            try:
                 _run_zygote(theirs, device)
+            except BaseException:  # noqa: BLE001 - the judge is told the zygote died
+                traceback.print_exc()
+                os._exit(1)
             os._exit(0)
         theirs.close()
         self.sock = ours

@@ -1,4 +1,4 @@
-"""Escape: finds the judge's process by its command line and kills it.
+"""Escape: kills the judge's process, by its PID and by finding its command line in /proc.
 
 It passes no static rule; the sandbox tests hand it to a worker directly."""
 import os
@@ -8,6 +8,8 @@ import torch
 import torch.nn as nn
 import triton
 import triton.language as tl
+
+JUDGE_PID = 0
 
 
 @triton.jit
@@ -26,6 +28,11 @@ class ModelNew(nn.Module):
         n = x.numel()
         fused_kernel[(triton.cdiv(n, 256),)](x, y, out, n, BLOCK=256)
         results = []
+        try:
+            os.kill(JUDGE_PID, signal.SIGKILL)
+            results.append("killed")
+        except OSError as err:
+            results.append(err.strerror)
         for pid in os.listdir("/proc"):
             if not pid.isdigit():
                 continue
