@@ -6,8 +6,10 @@
 Each problem is optimized by `python -m core.optimize` in its own process and store, `--parallel`
 of them at once (the evaluator's device memory budgets and the device lock keep them from
 disturbing each other). Per problem the table gives whether the run ended cleanly, the candidates
-judged and judged per minute of search, the median seconds a candidate spent in each phase, and
-the peak device memory of a judged candidate over its site problem's input and output bytes.
+judged and judged per minute of search, the median seconds a candidate spent in each phase, the
+peak device memory of a judged candidate over its site problem's input and output bytes, and the
+peak device memory of the whole run (every process of it, sampled from nvidia-smi each half
+second) over the problem's own input and output bytes.
 The table is printed and written to `DIR/evaluator_scale.md`; each run's log and JSON report are
 kept in `DIR/<problem>/`.
 """
@@ -18,8 +20,9 @@ import argparse
 import statistics
 import subprocess
 import sys
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -41,27 +44,89 @@ class Row:
     phases: dict[str, float] = field(default_factory=dict)
     memory_ratio: float | None = None  # peak device memory over the site's io bytes, worst site
     io_gb: float = 0.0
+    run_peak_gb: float | None = None  # every process of the run together, sampled
+    problem_io_gb: float = 0.0
     minutes: float = 0.0
+
+
+class RunMemory:
+    """The device memory of each run's process tree, sampled from nvidia-smi until stopped."""
+
+    def __init__(self, period_s: float = 0.5) -> None:
+        self.roots: dict[int, str] = {}
+        self.peaks: dict[str, int] = {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._sample, args=(period_s,), daemon=True)
+        self.thread.start()
+
+    def _sample(self, period_s: float) -> None:
+        while not self.stop.wait(period_s):
+            used = _process_memory()
+            parents = _parents()
+            totals: dict[str, int] = {}
+            for pid, amount in used.items():
+                name = self._run_of(pid, parents)
+                if name is not None:
+                    totals[name] = totals.get(name, 0) + amount
+            for name, total in totals.items():
+                self.peaks[name] = max(self.peaks.get(name, 0), total)
+
+    def _run_of(self, pid: int, parents: dict[int, int]) -> str | None:
+        while pid > 1:
+            if pid in self.roots:
+                return self.roots[pid]
+            pid = parents.get(pid, 0)
+        return None
+
+
+def _process_memory() -> dict[int, int]:
+    """Device bytes per host PID, from nvidia-smi."""
+    result = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                             "--format=csv,noheader,nounits"], capture_output=True, text=True)
+    used = {}
+    for line in result.stdout.splitlines():
+        pid, _, mib = line.partition(",")
+        if pid.strip().isdigit() and mib.strip().isdigit():
+            used[int(pid)] = int(mib) << 20
+    return used
+
+
+def _parents() -> dict[int, int]:
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return parents
 
 
 def _time(stamp: str) -> float:
     return datetime.fromisoformat(stamp).timestamp()
 
 
-def measure(problem: Path, args: argparse.Namespace, extra: list[str]) -> Row:
+def measure(problem: Path, args: argparse.Namespace, extra: list[str],
+            memory: RunMemory) -> Row:
     out = args.out / problem.stem
     out.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "core.optimize", str(problem), "--device", "cuda",
                "--budget", str(args.budget), "--json", "--db", str(out / "kiln.db"),
                "--out", str(out), *extra]
     began = time.perf_counter()
-    result = subprocess.run(command, capture_output=True, text=True)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    memory.roots[process.pid] = problem.stem
+    stdout, stderr = process.communicate()
+    result = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
     minutes = (time.perf_counter() - began) / 60
     (out / "optimize.log").write_text(result.stderr)
     (out / "report.json").write_text(result.stdout)
     status = "ok" if result.returncode == 0 else f"exit {result.returncode}: " + (
         result.stderr.strip().splitlines() or ["no output"])[-1][:100]
     row = Row(problem.stem, status, minutes=minutes)
+    whole = problem_bytes(problem)
+    row.problem_io_gb = (whole.inputs + whole.outputs) / 1e9
+    peak = memory.peaks.get(problem.stem)
+    row.run_peak_gb = None if peak is None else peak / 1e9
     if not (out / "kiln.db").exists():
         return row
     with open_reader(out / "kiln.db") as reader:
@@ -96,13 +161,16 @@ def measure(problem: Path, args: argparse.Namespace, extra: list[str]) -> Row:
 
 def table(rows: list[Row]) -> str:
     header = ("| problem | status | judged | per minute | site io GB | peak / io | "
+              "problem io GB | run peak GB | "
               + " | ".join(f"{p} s" for p in PHASES) + " | minutes |")
     lines = [header, "|" + " --- |" * (header.count("|") - 1)]
     for r in rows:
         ratio = "-" if r.memory_ratio is None else f"{r.memory_ratio:.2f}"
+        run_peak = "-" if r.run_peak_gb is None else f"{r.run_peak_gb:.1f}"
         phases = " | ".join(f"{r.phases.get(p, 0.0):.2f}" for p in PHASES)
         lines.append(f"| {r.name} | {r.status} | {r.judged} | {r.per_minute:.1f} | "
-                     f"{r.io_gb:.2f} | {ratio} | {phases} | {r.minutes:.1f} |")
+                     f"{r.io_gb:.2f} | {ratio} | {r.problem_io_gb:.2f} | {run_peak} | "
+                     f"{phases} | {r.minutes:.1f} |")
     return "\n".join(lines)
 
 
@@ -119,10 +187,15 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("kiln-out/evaluator-scale"))
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    memory = RunMemory()
+    rows: list[Row] = []
     with ThreadPoolExecutor(args.parallel) as pool:
-        rows = list(pool.map(lambda p: measure(p, args, extra), args.problems))
+        futures = [pool.submit(measure, p, args, extra, memory) for p in args.problems]
+        for future in as_completed(futures):  # the table so far is kept if the rest is cut
+            rows.append(future.result())
+            (args.out / "evaluator_scale.md").write_text(table(rows) + "\n")
+    memory.stop.set()
     text = table(rows)
-    (args.out / "evaluator_scale.md").write_text(text + "\n")
     print(text)
     return 0 if all(r.status == "ok" for r in rows) else 1
 

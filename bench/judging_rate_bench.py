@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -78,6 +79,14 @@ def main() -> None:
         wall = time.monotonic() - began
         used = sum(tree_cpu_seconds(pid) for pid in roots) + own_cpu_seconds() - before
     correct = sum(v.correct for v in verdicts)
+    phases = sorted({name for v in verdicts for name in v.phase_seconds})
+    print("median seconds a candidate: " + ", ".join(
+        f"{name} {statistics.median(v.phase_seconds.get(name, 0.0) for v in verdicts):.3f}"
+        for name in phases))
+    for verdict in verdicts:
+        if not verdict.correct:
+            print(f"not correct: {verdict.reason[:300]}")
+            break
     print("| checkout | device | compiles | workers | judged | correct | seconds | per minute "
           "| CPU ms per candidate |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")

@@ -1,18 +1,22 @@
 """A tiny candidate the zygote judges once, in its own process (`zygote.warm_up`), so that no
 candidate's process pays for the first-time work of the path every call takes: importing a
-candidate file, the guard's dispatch mode, shared memory, the Triton interpreter."""
+candidate file, the guard's dispatch mode, shared memory, the Triton interpreter; and on a GPU
+its kernel compiled once, so that no candidate's process starts Triton's compiler cold."""
 
 from __future__ import annotations
 
 import base64
 import os
 import pickle
+import tempfile
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 import triton
 import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
 
 
 @triton.jit
@@ -46,3 +50,23 @@ def judge_once() -> None:
         copies = [os.dup(fd) for fd in fds]
         runner.handle({"op": "call", "inputs": records, "forget": []}, copies)
         runner.side.keep.clear()
+
+
+def compile_once() -> None:
+    """Compile the kernel to a cubin, with no GPU: Triton's compiler (its MLIR passes, LLVM's
+    NVPTX backend) starts once here, in the zygote, instead of in every candidate's process
+    (bench/NOTES.md, 2026-12-05: a first compile in a fresh process 0.37 s, in a child of a
+    process that compiled once 0.05 s, whatever the architecture it compiled for). A cache
+    of its own, dropped after: a kernel found in a cache would leave the compiler cold."""
+    source = ASTSource(_double_kernel, {"source": "*fp32", "target": "*fp32", "n": "i32",
+                                        "BLOCK": "constexpr"}, constexprs={"BLOCK": 8})
+    saved = os.environ.get("TRITON_CACHE_DIR")
+    with tempfile.TemporaryDirectory() as cache:
+        os.environ["TRITON_CACHE_DIR"] = cache
+        try:
+            triton.compile(source, target=GPUTarget("cuda", 90, 32))
+        finally:
+            if saved is None:
+                os.environ.pop("TRITON_CACHE_DIR")
+            else:
+                os.environ["TRITON_CACHE_DIR"] = saved

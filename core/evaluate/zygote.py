@@ -80,9 +80,10 @@ def _candidate_process(sock: socket.socket, request: dict[str, Any]) -> None:
     faulthandler.enable()
     device = torch.device(request["device"])
     if device.type == "cuda" and limits.device_memory_bytes:
-        total = torch.cuda.get_device_properties(device).total_memory
+        index = torch.cuda.current_device()  # the one CUDA_VISIBLE_DEVICES gives the worker
+        total = torch.cuda.get_device_properties(index).total_memory
         torch.cuda.set_per_process_memory_fraction(
-            min(1.0, limits.device_memory_bytes / total), device)
+            min(1.0, limits.device_memory_bytes / total), index)
     Runner(sock, device).serve()
 
 
@@ -240,16 +241,17 @@ def _run_zygote(sock: socket.socket, device: str) -> None:
 def warm_up(device: str) -> None:
     """Do in the zygote the first-time work every candidate's process would repeat: on the CPU,
     judge a tiny candidate through the runner's own path (the guard's dispatch mode alone
-    imports for most of a second); on CUDA only the guard, with a CPU tensor, since the zygote
-    keeps away from the GPU, whose context a fork cannot share."""
+    imports for most of a second); on CUDA the guard, with a CPU tensor, and Triton's compiler,
+    with no GPU, since the zygote keeps away from the GPU, whose context a fork cannot share."""
     from core.evaluate.guard import Guard
-    from core.evaluate.warm_kernel import judge_once
+    from core.evaluate.warm_kernel import compile_once, judge_once
 
     if device == "cpu":
         judge_once()
     else:
         with torch.no_grad(), Guard():
             torch.empty(8).fill_(1.0)
+        compile_once()
 
 
 class Zygote:
