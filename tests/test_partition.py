@@ -179,3 +179,34 @@ def test_no_region_spans_a_mutation_and_order_around_it_is_kept():
     order = [n for s in segments(graph.module.graph, graph.regions) for n in s.nodes]
     names = [n.name if n.op == "call_function" else n.target for n in order]
     assert names.index("add_") < names.index("add")
+
+
+class DropsAResult(nn.Module):
+    """Computes a mean it never returns (as blocks drop MultiheadAttention's averaged weights),
+    and mutates a buffer through an in-place op whose result it does not read either."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("steps", torch.zeros(()))
+
+    def forward(self, x):
+        weights = torch.softmax(x, dim=-1)
+        _unused = weights.mean(dim=0)
+        self.steps.add_(1)
+        return weights * 2
+
+
+def test_values_nothing_uses_are_not_sites_but_mutations_stay():
+    model, x = DropsAResult(), torch.randn(6, 10)
+    captured = capture(model, (x,), CPU)
+    ops = [op_info(n).name for g in captured.graphs for n in g.module.graph.nodes
+           if n.op in ("call_function", "call_method")]
+    assert "mean" not in ops, ops
+    assert "add" in ops, ops  # the buffer's update, although nothing reads its result
+    table = find_sites(captured, GpuPeaks())
+    assert ("reduction", ("mean",)) not in ops_by_family(table)
+    steps = model.steps.item()
+    with torch.no_grad():
+        out = captured.compiled(x)
+    torch.testing.assert_close(out, torch.softmax(x, dim=-1) * 2)
+    assert model.steps.item() == steps + 1

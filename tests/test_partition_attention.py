@@ -136,6 +136,27 @@ def test_attention_between_projections_in_a_transformer_block(tmp_path):
         assert_same(out, site.example_outputs[0], site.problem.signature)
 
 
+def test_attention_whose_weights_are_also_averaged_and_dropped_is_one_site():
+    """nn.MultiheadAttention's way: the weights also go to a mean its caller throws away. The
+    dead mean is dropped, so the softmax has one reader and the chain is attention."""
+
+    def with_dropped_weights(self, q, k, v):
+        weights = torch.softmax(q @ k.transpose(-2, -1) * 0.3, dim=-1)
+        return weights @ v, weights.mean(dim=1)
+
+    class Caller(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.attention = Attention(with_dropped_weights)
+
+        def forward(self, q, k, v):
+            out, _ = self.attention(q, k, v)
+            return out
+
+    table = sites_of(Caller().eval(), *qkv())
+    assert ops_by_family(table) == {("attention", FORMS["scaled"][1])}
+
+
 def test_scaled_dot_product_attention_stays_an_attention_site():
     for kwargs in ({"is_causal": True}, {"attn_mask": torch.ones(T, T, dtype=torch.bool),
                                          "scale": 0.5}):

@@ -291,9 +291,26 @@ def _seal(region: Region, order: dict[fx.Node, int]) -> None:
     region.outputs = [n for n in region.nodes if any(u not in members for u in n.users)]
 
 
+def drop_dead_values(graph: fx.Graph) -> None:
+    """Remove the compute of values nothing uses (a model that drops a result it asked for, as
+    ViT-style blocks drop MultiheadAttention's averaged weights): a site for it would be time
+    spent on nothing, and inductor drops it too. Only ops Kiln knows stay pure when removed go:
+    mutations and unknown calls stay."""
+
+    def kept(node: fx.Node) -> bool:
+        if node.op not in ("call_function", "call_method"):
+            return True
+        info = op_info(node)
+        return (info.inplace or info.kind is OpKind.OTHER
+                or (node.op == "call_function" and node.is_impure()))
+
+    graph.eliminate_dead_code(is_impure_node=kept)
+
+
 def partition(graph: fx.Graph) -> list[Region]:
-    """Functionalize safe in-place ops, claim attention written out, then cut `graph` into
-    regions (in graph order)."""
+    """Drop dead values, functionalize safe in-place ops, claim attention written out, then cut
+    `graph` into regions (in graph order)."""
+    drop_dead_values(graph)
     functionalize_inplace(graph)
     claims = claim_attention(graph, _ancestors(graph))
     regions = _Grower(graph, claims).grow()
