@@ -19,8 +19,10 @@ $(BIN)/.installed: pyproject.toml
 example: $(BIN)/.installed
 	$(BIN)/python -m core.optimize examples/mlp_block.py --max-candidates 12 --budget 5
 
+# Two workers, each test file whole on one of them (its module fixtures start their worker
+# processes once); the suite's times with and without are in bench/NOTES.md.
 test: $(BIN)/.installed
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .
