@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from core.evaluate.warm_kernel import compile_once
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = """
 import os, torch
@@ -27,3 +29,10 @@ def test_tritons_compiler_is_warmed_without_cuda_and_without_the_cache(tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["False", str(cache)]
     assert not cache.exists(), sorted(cache.rglob("*"))
+
+
+def test_nothing_is_compiled_where_kernels_are_interpreted(monkeypatch, tmp_path):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
+    compile_once()
+    assert not (tmp_path / "cache").exists()

@@ -55,9 +55,11 @@ def judge_once() -> None:
 def compile_once() -> None:
     """Compile the kernel to a cubin, with no GPU: Triton's compiler (its MLIR passes, LLVM's
     NVPTX backend) starts once here, in the zygote, instead of in every candidate's process
-    (bench/NOTES.md, 2026-12-05: a first compile in a fresh process 0.37 s, in a child of a
-    process that compiled once 0.05 s, whatever the architecture it compiled for). A cache
-    of its own, dropped after: a kernel found in a cache would leave the compiler cold."""
+    (bench/NOTES.md, 2026-12-05: a child of a process that compiled once compiles its first
+    kernel several times faster, whatever the architecture compiled for). A cache of its own,
+    dropped after: a kernel found in a cache would leave the compiler cold."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return  # kernels are interpreted: there is no compiler to start
     source = ASTSource(_double_kernel, {"source": "*fp32", "target": "*fp32", "n": "i32",
                                         "BLOCK": "constexpr"}, constexprs={"BLOCK": 8})
     saved = os.environ.get("TRITON_CACHE_DIR")
