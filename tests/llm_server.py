@@ -74,6 +74,8 @@ class LlmServer:
         self.script = list(script)
         self.requests: list[Request] = []
         self.failures: list[str] = []
+        self.in_flight = 0
+        self.most_in_flight = 0  # requests being answered at once, at most
         self.lock = threading.Lock()
         self.httpd = _Server(("127.0.0.1", 0), self._handler())
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
@@ -93,6 +95,8 @@ class LlmServer:
     def _next(self, request: Request) -> Reply | None:
         with self.lock:
             self.requests.append(request)
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
             number = len(self.requests)
             if not self.script:
                 self.failures.append(f"request {number} came after the script ran out")
@@ -125,6 +129,13 @@ class LlmServer:
                     self._send(404, {"error": {"message": f"no route {self.path}"}})
                     return
                 reply = server._next(request)
+                try:
+                    self._answer(reply, request)
+                finally:
+                    with server.lock:
+                        server.in_flight -= 1
+
+            def _answer(self, reply: Reply | None, request: dict[str, Any]) -> None:
                 if reply is None:
                     self._send(500, {"error": {"message": "the script ran out"}})
                     return

@@ -79,8 +79,11 @@ def test_a_run_of_500s_ends_the_llm_part_once_and_later_calls_return_at_once():
         seconds = time.perf_counter() - started
     assert first.children == [] and later.children == []
     assert "HTTP 500" in first.declined and "on 4 attempts" in first.declined
-    assert later.declined == first.declined and seconds < 0.05
-    assert len(server.requests) == 4, "the second request of the first call must not retry"
+    # The request count is the check (a later call that asked again shows there); the time only
+    # says it waited on nothing, with room for a loaded machine.
+    assert later.declined == first.declined and seconds < 1.0
+    assert len(server.requests) == 4, "the second call, and the first call's second request, " \
+        "must not ask again"
     assert len(calls.messages) == 1 and "The search goes on without it" in calls.messages[0]
     assert all(c.error.startswith("answered HTTP 500") for c in calls.calls)
     assert len(calls.calls) == 4
@@ -117,4 +120,5 @@ def test_the_n_requests_of_one_call_are_in_flight_together():
         result = llm.propose(PROBLEM, None, 3)
         seconds = time.perf_counter() - started
     assert len(result.children) == 3
-    assert seconds < 1.0, f"three 0.4 s replies took {seconds:.2f} s: not concurrent"
+    assert server.most_in_flight == 3, (
+        f"at most {server.most_in_flight} of 3 requests in flight at once ({seconds:.2f} s)")
