@@ -28,7 +28,7 @@ from core.evaluate.correctness import Comparison, flatten, pieces
 # accumulates in fp32 is nearer: a bf16 flash attention's worst element sat 1.03 tolerances from
 # PyTorch's bf16 answer).
 AS_CLOSE_AS = {torch.float32: 4.0, torch.float64: 4.0, torch.bfloat16: 1.0, torch.float16: 1.0}
-FULL_PRECISION = {torch.float32: 4.0, torch.float64: 4.0}
+FULL_PRECISION = {dtype: AS_CLOSE_AS[dtype] for dtype in (torch.float32, torch.float64)}
 
 
 @dataclass

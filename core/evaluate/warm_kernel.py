@@ -62,13 +62,6 @@ def compile_once() -> None:
         return  # kernels are interpreted: there is no compiler to start
     source = ASTSource(_double_kernel, {"source": "*fp32", "target": "*fp32", "n": "i32",
                                         "BLOCK": "constexpr"}, constexprs={"BLOCK": 8})
-    saved = os.environ.get("TRITON_CACHE_DIR")
-    with tempfile.TemporaryDirectory() as cache:
-        os.environ["TRITON_CACHE_DIR"] = cache
-        try:
-            triton.compile(source, target=GPUTarget("cuda", 90, 32))
-        finally:
-            if saved is None:
-                os.environ.pop("TRITON_CACHE_DIR")
-            else:
-                os.environ["TRITON_CACHE_DIR"] = saved
+    with tempfile.TemporaryDirectory() as cache, triton.knobs.cache.scope():
+        triton.knobs.cache.dir = cache
+        triton.compile(source, target=GPUTarget("cuda", 90, 32))
