@@ -29,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.processes import process_table  # noqa: E402
 from core.evaluate.memory import problem_bytes  # noqa: E402
 from store import open_reader  # noqa: E402
 
@@ -62,7 +63,7 @@ class RunMemory:
     def _sample(self, period_s: float) -> None:
         while not self.stop.wait(period_s):
             used = _process_memory()
-            parents = _parents()
+            parents = {pid: stat.parent for pid, stat in process_table().items()}
             totals: dict[str, int] = {}
             for pid, amount in used.items():
                 name = self._run_of(pid, parents)
@@ -91,15 +92,6 @@ def _process_memory() -> dict[int, int]:
     return used
 
 
-def _parents() -> dict[int, int]:
-    parents = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-    return parents
-
 
 def _time(stamp: str) -> float:
     return datetime.fromisoformat(stamp).timestamp()
@@ -116,12 +108,11 @@ def measure(problem: Path, args: argparse.Namespace, extra: list[str],
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     memory.roots[process.pid] = problem.stem
     stdout, stderr = process.communicate()
-    result = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
     minutes = (time.perf_counter() - began) / 60
-    (out / "optimize.log").write_text(result.stderr)
-    (out / "report.json").write_text(result.stdout)
-    status = "ok" if result.returncode == 0 else f"exit {result.returncode}: " + (
-        result.stderr.strip().splitlines() or ["no output"])[-1][:100]
+    (out / "optimize.log").write_text(stderr)
+    (out / "report.json").write_text(stdout)
+    status = "ok" if process.returncode == 0 else f"exit {process.returncode}: " + (
+        stderr.strip().splitlines() or ["no output"])[-1][:100]
     row = Row(problem.stem, status, minutes=minutes)
     whole = problem_bytes(problem)
     row.problem_io_gb = (whole.inputs + whole.outputs) / 1e9

@@ -23,6 +23,10 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(HERE))
+
+from bench.processes import process_table  # noqa: E402
+
 DATA = HERE / "tests" / "data" / "evaluate"
 HONEST = {"good_pointwise": "pointwise_problem", "good_softmax": "softmax_problem",
           "good_linear_gelu": "linear_gelu_problem",
@@ -32,18 +36,12 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 def tree_cpu_seconds(root: int) -> float:
     """CPU seconds of `root` and every process below it, those it reaped included."""
-    parents: dict[int, tuple[int, int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parents[int(stat.parent.name)] = (int(fields[1]), sum(int(f) for f in fields[11:15]))
+    table = process_table()
     total, todo = 0, [root]
     while todo:
         pid = todo.pop()
-        total += parents.get(pid, (0, 0))[1]
-        todo += [p for p, (parent, _) in parents.items() if parent == pid]
+        total += table[pid].cpu_ticks if pid in table else 0
+        todo += [p for p, stat in table.items() if stat.parent == pid]
     return total / TICK
 
 
