@@ -136,6 +136,37 @@ def test_reshape_between_matmul_and_epilogue_stays_in_the_region():
     assert found == {("matmul", ("addmm", "view", "add"))}
 
 
+def test_matmul_takes_one_reduction_of_its_rows_and_the_ops_on_the_reduced_rows():
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(16, 24)
+
+        def forward(self, x):
+            y = self.linear(x) / 2
+            lse = torch.logsumexp(y, dim=1, keepdim=True)
+            out = torch.sum(lse * 1.5, dim=1, keepdim=True)  # over a dimension of size one
+            return F.mish(out), y - lse
+
+    found = ops_by_family(sites_of(Model(), torch.randn(8, 16)))
+    # `y - lse` spreads the rows' values back over the tile: the tiles are written by then.
+    assert found == {("matmul", ("linear", "div", "logsumexp", "mul", "sum", "mish")),
+                     ("pointwise", ("sub",))}
+
+
+def test_reductions_a_matmul_tile_cannot_take_start_their_own_site():
+    class Model(nn.Module):
+        def forward(self, x, w):
+            y = x @ w
+            return torch.sum(y, dim=0), torch.softmax(y * 2, dim=1), torch.sum(y, dim=1).sum()
+
+    table = sites_of(Model(), torch.randn(8, 16), torch.randn(16, 12))
+    # The row sum joins the matmul; the column sum, the softmax (its rows are written after
+    # their sums are known) and the sum of everything are sites of their own.
+    assert sorted(s.problem.ops for s in table.sites) == [
+        ("matmul", "mul", "sum"), ("softmax",), ("sum",), ("sum",)]
+
+
 def test_dangling_reshape_is_trimmed_from_the_region():
     class Model(nn.Module):
         def forward(self, x):

@@ -260,7 +260,9 @@ class Guard(TorchDispatchMode):
             self.launch_ops[name] += 1
             return result
         self.ops[name] += 1
-        if name in EMPTY_OPS and isinstance(result, torch.Tensor) and result.numel() > 0:
+        # A meta tensor (a shape the candidate computes with) holds no bytes to guard.
+        if name in EMPTY_OPS and isinstance(result, torch.Tensor) and result.numel() > 0 \
+                and not result.is_meta:
             return self.allocate(result, name)
         return result
 

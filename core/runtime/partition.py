@@ -5,7 +5,9 @@ replaced by a single call. Regions are grown greedily in graph order:
 - attention written out, softmax(Q·Kᵀ (scaled, masked, biased)) · V, is claimed first as one
   attention region (`attention_chain`), as scaled_dot_product_attention is one;
 - matmul, conv and attention ops anchor a region and take the elementwise ops that follow them
-  on their output's shape (the epilogue);
+  on their output's shape (the epilogue); a matmul also takes one reduction over its output's
+  rows (sum, mean, max, min or logsumexp along the last dimension: each tile reduces its
+  columns, a second pass combines the tiles) and the elementwise ops on the reduced values;
 - a reduction or norm anchors a region, swallows the pointwise chain of its input's shape that
   feeds it (the prologue; a value others read too becomes a second output) and takes its
   epilogue;
@@ -18,6 +20,7 @@ replaced by a single call. Regions are grown greedily in graph order:
 from __future__ import annotations
 
 import heapq
+import math
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -26,7 +29,8 @@ import torch
 import torch.fx as fx
 
 from .attention_chain import claim_attention
-from .ops import OpKind, op_info, out_of_place
+from .functional import drop_dead_values, functionalize_inplace
+from .ops import OpKind, op_info
 
 FAMILY_OF_KIND = {
     OpKind.POINTWISE: "pointwise",
@@ -37,6 +41,9 @@ FAMILY_OF_KIND = {
     OpKind.OTHER: "other",
 }
 _TAKES_EPILOGUE = {"pointwise", "reduction", "matmul", "conv", "attention"}
+# Reductions a matmul's tiles can each take over their columns, and that a second pass then
+# combines from the tiles' partial results by the same rule (logsumexp of logsumexps).
+_TILE_REDUCTIONS = frozenset({"sum", "mean", "amax", "amin", "logsumexp"})
 _ORDER_PRESERVING = frozenset(
     """view reshape flatten unflatten unsqueeze squeeze identity detach dropout alpha_dropout
     feature_alpha_dropout dropout1d dropout2d dropout3d""".split()
@@ -61,29 +68,6 @@ class Segment:
     region: Region | None
 
 
-def functionalize_inplace(graph: fx.Graph) -> None:
-    """Turn in-place ops into out-of-place ones wherever nothing can observe the difference.
-
-    Safe when the mutated value is a fresh result of a compute op in this graph (not an input,
-    not a view of something else) and nothing reads it after the mutation.
-    """
-    position = {node: i for i, node in enumerate(graph.nodes)}
-    for node in graph.nodes:
-        if node.op not in ("call_function", "call_method"):
-            continue
-        info = op_info(node)
-        if not info.inplace or info.kind is not OpKind.POINTWISE or not node.args:
-            continue
-        target = node.args[0]
-        if not isinstance(target, fx.Node) or target.op not in ("call_function", "call_method"):
-            continue
-        producer = op_info(target)
-        if producer.inplace or producer.kind in (OpKind.VIEW, OpKind.OTHER):
-            continue
-        if all(position[user] <= position[node] for user in target.users):
-            out_of_place(node)
-
-
 def _ancestors(graph: fx.Graph) -> dict[fx.Node, frozenset[fx.Node]]:
     result: dict[fx.Node, frozenset[fx.Node]] = {}
     for node in graph.nodes:
@@ -100,9 +84,27 @@ def _contiguous(node: fx.Node) -> bool:
     return isinstance(value, torch.Tensor) and value.is_contiguous()
 
 
+def _shape(node: fx.Node) -> tuple[int, ...] | None:
+    value = node.meta.get("example_value")
+    return tuple(value.shape) if isinstance(value, torch.Tensor) else None
+
+
 def _same_shape(a: fx.Node, b: fx.Node) -> bool:
-    va, vb = a.meta.get("example_value"), b.meta.get("example_value")
-    return isinstance(va, torch.Tensor) and isinstance(vb, torch.Tensor) and va.shape == vb.shape
+    return _shape(a) is not None and _shape(a) == _shape(b)
+
+
+def reduced_dims(node: fx.Node) -> tuple[int, ...] | None:
+    """The dimensions a reduction node reduces, counted from 0; None when it names none (a
+    reduction of everything) or its input is not a tensor of known shape."""
+    source = node.args[0] if node.args else node.kwargs.get("input")
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    shape = _shape(source) if isinstance(source, fx.Node) else None
+    if shape is None or dim is None:
+        return None
+    dims = dim if isinstance(dim, tuple | list) else (dim,)
+    if not all(isinstance(d, int) for d in dims):
+        return None
+    return tuple(sorted({d % max(len(shape), 1) for d in dims}))
 
 
 def is_mutation(node: fx.Node) -> bool:
@@ -165,6 +167,8 @@ class _Grower:
             if region.family != "pointwise" and not _same_shape(node, parent) and \
                     not self._reduced_shape(node, region):
                 continue
+            if region.family == "matmul" and self._broadcasts_back(node, region):
+                continue
             if self._convex_with(node, region):
                 region.nodes.append(node)
                 self.region_of[node] = region
@@ -188,7 +192,48 @@ class _Grower:
             region.nodes.extend(other.nodes)
             self.regions.remove(other)
 
+    def _broadcasts_back(self, node: fx.Node, region: Region) -> bool:
+        """Whether `node` spreads a matmul region's reduced values back over the tile (`x -
+        x.logsumexp(-1, keepdim=True)`): the tiles are written before the rows are reduced."""
+        reduction = self._reduction_of(region)
+        if reduction is None or reduction not in self.ancestors[node]:
+            return False
+        shape, reduced = _shape(node), _shape(reduction)
+        return shape is None or reduced is None or math.prod(shape) > math.prod(reduced)
+
+    def _reduction_of(self, region: Region) -> fx.Node | None:
+        return next((m for m in region.nodes if op_info(m).kind is OpKind.REDUCTION), None)
+
+    def _joins_matmul(self, node: fx.Node) -> Region | None:
+        """The open matmul region whose tiles `node` can reduce: a reduction of one of the
+        region's values over the last dimension only, where that dimension is the matmul
+        output's columns (the rows stay the tile's rows); or, once the region has its reduction,
+        a reduction over dimensions of size one of a value reduced already (an identity)."""
+        parents = node.all_input_nodes
+        if len(parents) != 1 or "dtype" in node.kwargs:
+            return None
+        region = self._open(self.region_of.get(parents[0]))
+        if region is None or region.family != "matmul":
+            return None
+        dims, shape = reduced_dims(node), _shape(parents[0])
+        anchor = _shape(region.nodes[0])
+        if dims is None or shape is None or anchor is None or not anchor:
+            return None
+        reduction = self._reduction_of(region)
+        if reduction is not None:
+            reduced = parents[0] is reduction or reduction in self.ancestors[parents[0]]
+            return region if reduced and all(shape[d] == 1 for d in dims) else None
+        if op_info(node).name not in _TILE_REDUCTIONS or dims != (len(shape) - 1,):
+            return None
+        same_tile = math.prod(shape) == math.prod(anchor) and shape[-1] == anchor[-1]
+        return region if same_tile else None
+
     def add_reduction(self, node: fx.Node) -> None:
+        fused = self._joins_matmul(node)
+        if fused is not None:
+            fused.nodes.append(node)
+            self.region_of[node] = fused
+            return
         region = self._new("reduction", node)
         for parent in node.all_input_nodes:
             prologue = self._open(self.region_of.get(parent))
@@ -289,22 +334,6 @@ def _seal(region: Region, order: dict[fx.Node, int]) -> None:
                 inputs.setdefault(parent)
     region.inputs = list(inputs)
     region.outputs = [n for n in region.nodes if any(u not in members for u in n.users)]
-
-
-def drop_dead_values(graph: fx.Graph) -> None:
-    """Remove the compute of values nothing uses (a model that drops a result it asked for, as
-    ViT-style blocks drop MultiheadAttention's averaged weights): a site for it would be time
-    spent on nothing, and inductor drops it too. Only ops Kiln knows stay pure when removed go:
-    mutations and unknown calls stay."""
-
-    def kept(node: fx.Node) -> bool:
-        if node.op not in ("call_function", "call_method"):
-            return True
-        info = op_info(node)
-        return (info.inplace or info.kind is OpKind.OTHER
-                or (node.op == "call_function" and node.is_impure()))
-
-    graph.eliminate_dead_code(is_impure_node=kept)
 
 
 def partition(graph: fx.Graph) -> list[Region]:

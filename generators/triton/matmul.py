@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from generators.codegen import BROADCAST_SHAPE_HELPER
 from generators.site_graph import Op, Ref, SiteGraph, Unsupported
 from generators.triton.expressions import elementwise, tl_dtype, with_jit_helpers
+from generators.triton.matmul_rows import RowReduction, partial_lines
 from generators.triton.precision import DESCRIBED, check_precision, dot_precision
 
 # Views that change shape but keep the element order; emitted as the same tensor method.
@@ -100,7 +101,7 @@ def matmul_kernel(
 {body}
     out_offsets = batch * M * N + rows[:, None] * N + cols[None, :]
 {stores}
-
+{row_kernel}
 
 class ModelNew(nn.Module):
     def __init__(self):
@@ -133,6 +134,7 @@ class ModelNew(nn.Module):
             BLOCK_M={block_m}, BLOCK_N={block_n}, BLOCK_K={block_k}, GROUP_M={group_m},
             num_warps={num_warps}, num_stages={num_stages},
         )
+{row_launch}
         return {returns}
 '''
 
@@ -240,9 +242,9 @@ def write_triton_matmul(graph: SiteGraph, config: MatmulConfig) -> str:
         raise Unsupported(f"a {dtype} matmul: the rules handle float operands")
     numel = graph.ops[0].out.numel
 
-    # Each value's stage: a forward variable (a view of out0) with that value's shape.
+    # Each value's stage: a shape-only (meta) tensor in forward, viewed as the value is.
     stage: dict[Ref, str] = {Ref(0, False): "stage0"}
-    stages = ["stage0 = out0.view(shape)"]
+    stages = ["stage0 = torch.empty(shape, device='meta')"]
     value: dict[Ref, str] = {Ref(0, False): "v0"}
     operands: dict[tuple[int, str], str] = {}  # (input index, stage) → operand name
     operand_lines: list[str] = []
@@ -267,9 +269,18 @@ def write_triton_matmul(graph: SiteGraph, config: MatmulConfig) -> str:
         accumulate = f"{accumulate} + {scaled}"
     body.append(f"v0 = {accumulate}")
 
+    rows: RowReduction | None = None  # the reduction over the output's rows, if the site has one
     for i, op in enumerate(graph.ops[1:], start=1):
         here = Ref(i, False)
         chain = [r for r in op.args if isinstance(r, Ref) and not r.is_input]
+        if rows is not None and any(r in rows.value for r in chain):
+            rows.add(i, op, SHAPE_VIEWS, IDENTITY_VIEWS, _literal)
+            continue
+        if op.kind.value == "reduction":
+            if rows is not None:
+                raise Unsupported("a second reduction of the matmul's output")
+            rows = RowReduction.start(graph, i, stage)
+            continue
         if op.out.numel != numel or not chain:
             raise Unsupported(f"{op.name} is not an epilogue on the matmul's output")
         at = stage[chain[0]]
@@ -296,23 +307,41 @@ def write_triton_matmul(graph: SiteGraph, config: MatmulConfig) -> str:
         body.append(f"v{i} = {elementwise(op, value)}")
         value[here], stage[here] = f"v{i}", at
 
-    for ref in graph.outputs:
+    row_outputs = [ref for ref in graph.outputs if rows is not None and ref in rows.value]
+    tile_outputs = [ref for ref in graph.outputs if ref not in row_outputs]
+    for ref in tile_outputs:
         if graph.info(ref).numel != numel:
             raise Unsupported("an output that is not the matmul's tile")
-    out_dtypes = [graph.info(ref).dtype for ref in graph.outputs]
+    out_dtypes = [graph.info(ref).dtype for ref in tile_outputs]
     stores = [f"tl.store(out{k}_ptr + out_offsets, {value[ref]}.to({tl_dtype(out_dtype)}), "
-              "mask=mask)" for k, (ref, out_dtype) in enumerate(zip(graph.outputs, out_dtypes,
+              "mask=mask)" for k, (ref, out_dtype) in enumerate(zip(tile_outputs, out_dtypes,
                                                                       strict=True))]
     allocs = [f"out{k} = torch.empty((batch, M, N), device=a.device, dtype={out_dtype})"
               for k, out_dtype in enumerate(out_dtypes)]
-    returns = [f"out{k}.view({stage[ref]}.shape)" for k, ref in enumerate(graph.outputs)]
+    out_pointers = [f"out{k}" for k in range(len(tile_outputs))]
+    row_kernel, row_launch = "", []
+    if rows is not None:
+        stores += ["# This tile's share of each row's reduction: one partial value a row.",
+                   *partial_lines(rows.kind, value[rows.source]),
+                   "tl.store(part_ptr + (batch * M + rows) * tiles_n + pid_n, part, "
+                   "mask=rows < M)"]
+        allocs += ["rows_total = batch * M",
+                   f"part = torch.empty((rows_total, triton.cdiv(N, {config.block_n})), "
+                   "device=a.device, dtype=torch.float32)"]
+        out_pointers.append("part")
+        row_kernel = rows.kernel(row_outputs)
+        row_launch = rows.launch(row_outputs, config.block_n)
+        stages += rows.stages
+    returns = [f"row_out{row_outputs.index(ref)}.view({rows.stage[ref]}.shape)"
+               if rows is not None and ref in row_outputs else
+               f"out{tile_outputs.index(ref)}.view({stage[ref]}.shape)" for ref in graph.outputs]
     names = list(operands.values())
     precision = dot_precision(dtype, config.precision)
     source = _SOURCE.format(
         ops=" → ".join(op.name for op in graph.ops),
         config=config.describe(),
         operand_params=_indent([f"{n}_ptr," for n in names], 4),
-        out_params=_indent([f"out{k}_ptr," for k in range(len(graph.outputs))], 4),
+        out_params=_indent([f"{p}_ptr," for p in out_pointers], 4),
         stride_params=_indent([f"{n}_sb, {n}_sm, {n}_sn," for n in names], 4),
         precision=precision,
         flag_params=_indent([f"{flag}_BROADCAST: tl.constexpr," for flag in flags], 4),
@@ -327,12 +356,14 @@ def write_triton_matmul(graph: SiteGraph, config: MatmulConfig) -> str:
         allocs=_indent(allocs, 8),
         stages=_indent(stages, 8),
         operands=_indent(operand_lines, 8),
-        pointer_args=", ".join(names + [f"out{k}" for k in range(len(graph.outputs))]),
+        pointer_args=", ".join(names + out_pointers),
         stride_args=_indent([", ".join(f"*{n}.stride()" for n in names) + ","] if names else [],
                             12),
         block_m=config.block_m, block_n=config.block_n, block_k=config.block_k,
         group_m=config.group_m, num_warps=config.num_warps, num_stages=config.num_stages,
         returns=", ".join(returns),
+        row_kernel=row_kernel,
+        row_launch=_indent(row_launch, 8),
     )
     source = "\n".join(line for line in source.split("\n") if line.strip() != _EMPTY)
     if anchor.needs_broadcast:
