@@ -35,17 +35,19 @@ def time_candidate(models: Models, candidate_sets: list[list[object]],
     calls = 0
     exact: dict[int, ExactAnswer] = {}  # each set's, for outputs that are noise
 
-    def within(outputs: object, index: int) -> bool:
-        """Whether a call's outputs pass, as the checks passed them (against fp64 too, for
-        outputs that passed only so)."""
-        if compare_outputs(outputs, references[index], models.tolerances).mismatch is None:
-            return True
-        if not models.against_exact:
-            return False
-        if index not in exact:
-            exact[index] = exact_answer(models.reference, plain_sets[index])
-        return as_close_as_pytorch(outputs, references[index], exact[index],
-                                   models.tolerances) is not None
+    def failure(outputs: object, index: int) -> str | None:
+        """Why a call's outputs fail, as the checks would fail them (against fp64 too, for
+        outputs that passed only so); None when they pass."""
+        compared = compare_outputs(outputs, references[index], models.tolerances)
+        if compared.mismatch is None:
+            return None
+        if models.against_exact:
+            if index not in exact:
+                exact[index] = exact_answer(models.reference, plain_sets[index])
+            if as_close_as_pytorch(outputs, references[index], exact[index],
+                                   models.tolerances) is not None:
+                return None
+        return compared.mismatch.message
 
     def call() -> float:
         nonlocal calls
@@ -56,9 +58,8 @@ def time_candidate(models: Models, candidate_sets: list[list[object]],
         mutated = changed_inputs(plain_sets[index], tensors_of(candidate_sets[index]))
         if mutated:
             raise Rejected(mutated.code, f"{label}: {mutated.message}")
-        if not within(result.outputs, index):
-            mismatch = compare_outputs(result.outputs, references[index], models.tolerances)
-            why = mismatch.mismatch.message if mismatch.mismatch else "off the fp64 answer"
+        why = failure(result.outputs, index)
+        if why is not None:
             raise Rejected(Reason.WRONG_AFTER_TIMING, f"correct at first, wrong while being "
                                                       f"timed ({label}): {why}")
         return result.milliseconds
