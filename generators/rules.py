@@ -136,7 +136,8 @@ def _batch_norm_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
 
 
 def _matmul_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
-    out = graph.ops[0].out  # the matmul's own output: a site may return only its rows reduced
+    # The matmul's own output: a site may have a prologue, or return only its rows reduced.
+    out = next(op.out for op in graph.ops if op.kind.value == "matmul")
     drafts = [(MatmulConfig(), "128×128×32 tiles, GROUP_M 8, 3 stages: a balanced start")]
     if out.dtype == torch.float32:
         drafts.insert(0, (MatmulConfig(num_warps=8, precision="tf32x3"),

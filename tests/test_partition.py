@@ -10,7 +10,8 @@ from core.profile.roofline import GpuPeaks
 from core.profile.sites import find_sites
 from core.runtime.capture import capture
 from core.runtime.ops import op_info
-from core.runtime.partition import partition, segments
+from core.runtime.partition import partition
+from core.runtime.segments import segments
 from tests import models
 
 CPU = torch.device("cpu")
@@ -165,6 +166,22 @@ def test_reductions_a_matmul_tile_cannot_take_start_their_own_site():
     # their sums are known) and the sum of everything are sites of their own.
     assert sorted(s.problem.ops for s in table.sites) == [
         ("matmul", "mul", "sum"), ("softmax",), ("sum",), ("sum",)]
+
+
+def test_matmul_takes_the_elementwise_chain_that_only_computes_its_left_operand():
+    class Model(nn.Module):
+        def forward(self, x, scale, w, b, y, v):
+            fused = F.linear(F.gelu(x * scale + 1.0), w, b)
+            shared = torch.relu(y)  # also returned: it stays a site of its own
+            outer = x[:, :1] + scale  # no input of its shape: nothing for the kernel to walk
+            return fused, shared @ v, shared, outer @ w.t()
+
+    x, scale, w, b = torch.randn(8, 16), torch.randn(16), torch.randn(24, 16), torch.randn(24)
+    found = ops_by_family(sites_of(Model(), x, scale, w, b, torch.randn(8, 16),
+                                   torch.randn(16, 4)))
+    assert ("matmul", ("mul", "add", "gelu", "linear")) in found
+    assert ("pointwise", ("relu",)) in found and ("matmul", ("matmul",)) in found
+    assert ("pointwise", ("add",)) in found
 
 
 def test_dangling_reshape_is_trimmed_from_the_region():

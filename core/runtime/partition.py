@@ -4,6 +4,7 @@ A region is a convex set of nodes of one graph (no path leaves it and comes back
 replaced by a single call. Regions are grown greedily in graph order:
 - attention written out, softmax(Q·Kᵀ (scaled, masked, biased)) · V, is claimed first as one
   attention region (`attention_chain`), as scaled_dot_product_attention is one;
+- a matmul takes the elementwise chain that only computes its left operand (its prologue);
 - matmul, conv and attention ops anchor a region and take the elementwise ops that follow them
   on their output's shape (the epilogue); a matmul also takes one reduction over its output's
   rows (sum, mean, max, min or logsumexp along the last dimension: each tile reduces its
@@ -19,7 +20,6 @@ replaced by a single call. Regions are grown greedily in graph order:
 
 from __future__ import annotations
 
-import heapq
 import math
 import operator
 from collections.abc import Sequence
@@ -60,14 +60,6 @@ class Region:
     outputs: list[fx.Node] = field(default_factory=list)  # values used outside
 
 
-@dataclass(frozen=True)
-class Segment:
-    """A run of consecutive nodes in a region-contiguous order: one region, or kept ops."""
-
-    nodes: tuple[fx.Node, ...]
-    region: Region | None
-
-
 def _ancestors(graph: fx.Graph) -> dict[fx.Node, frozenset[fx.Node]]:
     result: dict[fx.Node, frozenset[fx.Node]] = {}
     for node in graph.nodes:
@@ -87,6 +79,11 @@ def _contiguous(node: fx.Node) -> bool:
 def _shape(node: fx.Node) -> tuple[int, ...] | None:
     value = node.meta.get("example_value")
     return tuple(value.shape) if isinstance(value, torch.Tensor) else None
+
+
+def _dtype(node: fx.Node) -> torch.dtype | None:
+    value = node.meta.get("example_value")
+    return value.dtype if isinstance(value, torch.Tensor) else None
 
 
 def _same_shape(a: fx.Node, b: fx.Node) -> bool:
@@ -216,7 +213,7 @@ class _Grower:
         if region is None or region.family != "matmul":
             return None
         dims, shape = reduced_dims(node), _shape(parents[0])
-        anchor = _shape(region.nodes[0])
+        anchor = _shape(next(m for m in region.nodes if op_info(m).kind is OpKind.MATMUL))
         if dims is None or shape is None or anchor is None or not anchor:
             return None
         reduction = self._reduction_of(region)
@@ -250,6 +247,34 @@ class _Grower:
                 region.nodes[:0] = prologue.nodes
                 self.regions.remove(prologue)
 
+    def add_matmul(self, node: fx.Node, name: str) -> None:
+        """A matmul region, taking the elementwise chain that computes its left operand and
+        nothing else (the prologue, applied to each tile of the operand as it is loaded): the
+        chain has the operand's shape, one of its inputs is a tensor of that shape and dtype
+        (the one the kernel walks), and only the matmul reads what it makes."""
+        region = self._new("matmul", node)
+        position = 1 if name in ("addmm", "baddbmm") else 0
+        operand = node.args[position] if len(node.args) > position else None
+        if not isinstance(operand, fx.Node):
+            return
+        prologue = self._open(self.region_of.get(operand))
+        if prologue is None or prologue.family != "pointwise" or list(operand.users) != [node]:
+            return
+        members = set(prologue.nodes)
+        if any(u not in members for m in prologue.nodes if m is not operand for u in m.users):
+            return
+        entries = {p for m in prologue.nodes for p in m.all_input_nodes if p not in members}
+        carried = _dtype(operand) is not None and any(
+            _same_shape(p, operand) and _dtype(p) == _dtype(operand) for p in entries)
+        others = [p for p in node.all_input_nodes if p is not operand]
+        if not carried or not all(_same_shape(m, operand) for m in prologue.nodes) or \
+                any(self._depends_on(p, prologue) for p in others):
+            return
+        for m in prologue.nodes:
+            self.region_of[m] = region
+        region.nodes[:0] = prologue.nodes
+        self.regions.remove(prologue)
+
     def grow(self) -> list[Region]:
         for node in self.graph.nodes:
             if node.op not in ("call_function", "call_method"):
@@ -272,6 +297,8 @@ class _Grower:
                     self._new("other", node)
             elif kind is OpKind.VIEW:
                 self.add_reshape(node, info.name)
+            elif kind is OpKind.MATMUL:
+                self.add_matmul(node, info.name)
             else:
                 self._new(FAMILY_OF_KIND[kind], node)
         for region in self.regions:
@@ -348,64 +375,3 @@ def partition(graph: fx.Graph) -> list[Region]:
         _seal(region, order)
     regions.sort(key=lambda r: order[r.nodes[0]])
     return regions
-
-
-def segments(graph: fx.Graph, regions: list[Region]) -> list[Segment]:
-    """The graph's compute nodes in an order where each region is contiguous.
-
-    Regions and the kept nodes between them are contracted into units and sorted
-    topologically, earliest original position first; convex regions make this a DAG.
-    Placeholders, get_attr and the output node are not part of any segment.
-    """
-    order = {node: i for i, node in enumerate(graph.nodes)}
-    unit_of: dict[fx.Node, int] = {}
-    units: list[tuple[fx.Node, ...]] = []
-    unit_region: list[Region | None] = []
-    for region in regions:
-        for node in region.nodes:
-            unit_of[node] = len(units)
-        units.append(tuple(region.nodes))
-        unit_region.append(region)
-    for node in graph.nodes:
-        if node.op in ("call_function", "call_method", "call_module") and node not in unit_of:
-            unit_of[node] = len(units)
-            units.append((node,))
-            unit_region.append(None)
-    deps: list[set[int]] = [set() for _ in units]
-    for index, nodes in enumerate(units):
-        for node in nodes:
-            for parent in node.all_input_nodes:
-                if parent in unit_of and unit_of[parent] != index:
-                    deps[index].add(unit_of[parent])
-    for barrier in (n for n in graph.nodes if is_mutation(n)):
-        # Keep every unit on its side of a mutation; the grower made no unit straddle one.
-        here = unit_of[barrier]
-        for index, nodes in enumerate(units):
-            if index == here:
-                continue
-            if order[nodes[0]] < order[barrier]:
-                deps[here].add(index)
-            else:
-                deps[index].add(here)
-    dependents: list[list[int]] = [[] for _ in units]
-    for index, needs in enumerate(deps):
-        for need in needs:
-            dependents[need].append(index)
-    waiting = [len(d) for d in deps]
-    ready = [(order[units[i][0]], i) for i in range(len(units)) if waiting[i] == 0]
-    heapq.heapify(ready)
-    result: list[Segment] = []
-    while ready:
-        _, index = heapq.heappop(ready)
-        region = unit_region[index]
-        if region is None and result and result[-1].region is None:
-            result[-1] = Segment(result[-1].nodes + units[index], None)
-        else:
-            result.append(Segment(units[index], region))
-        for child in dependents[index]:
-            waiting[child] -= 1
-            if waiting[child] == 0:
-                heapq.heappush(ready, (order[units[child][0]], child))
-    if sum(len(s.nodes) for s in result) != len(unit_of):
-        raise RuntimeError("regions are not convex: the contracted graph has a cycle")
-    return result

@@ -20,7 +20,8 @@ import torch.fx as fx
 import torch.nn as nn
 
 from .capture import copy_segment, rebuild
-from .partition import Segment, partition, segments
+from .partition import partition
+from .segments import Segment, segments
 from .site_problem import CodegenError, region_key
 
 Finish = Callable[[fx.GraphModule, list], Callable[..., object]]

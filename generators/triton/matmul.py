@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from generators.codegen import BROADCAST_SHAPE_HELPER
 from generators.site_graph import Op, Ref, SiteGraph, Unsupported
 from generators.triton.expressions import elementwise, tl_dtype, with_jit_helpers
+from generators.triton.matmul_prologue import split
 from generators.triton.matmul_rows import RowReduction, partial_lines
 from generators.triton.precision import DESCRIBED, check_precision, dot_precision
 
@@ -85,9 +86,11 @@ def matmul_kernel(
     # Rows and columns past the edge wrap onto valid ones: loads stay unmasked in M and N.
     a_tile = a_ptr + batch * a_sb + (rows % M)[:, None] * a_sm + ks[None, :] * a_sk
     b_tile = b_ptr + batch * b_sb + ks[:, None] * b_sk + (cols % N)[None, :] * b_sn
+{prologue_tiles}
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         a = tl.load(a_tile, mask=ks[None, :] < K - k0, other=0.0)
+{prologue}
         b = tl.load(b_tile, mask=ks[:, None] < K - k0, other=0.0)
         if WIDEN:
             a = a.to(tl.float32)
@@ -116,6 +119,7 @@ class ModelNew(nn.Module):
         assert max(M * max(K, 1), max(K, 1) * N, M * N) < 2**31, (
             "one matrix of the batch must have fewer than 2**31 elements (32-bit offsets)")
         assert batch < 65536, "the batch is launched as grid dimension 1, at most 65535"
+{prologue_operands}
 {allocs}
 {stages}
 {operands}
@@ -178,8 +182,7 @@ class _Anchor:
     needs_broadcast: bool = False
 
 
-def _anchor(graph: SiteGraph) -> _Anchor:
-    op = graph.ops[0]
+def _anchor(graph: SiteGraph, op: Op) -> _Anchor:
     if not op.args or not all(isinstance(r, Ref) and r.is_input for r in op.args[:2]):
         raise Unsupported(f"{op.name} of values the site computes itself")
     if op.name == "linear":
@@ -233,19 +236,23 @@ def _matmul_anchor(graph: SiteGraph, op: Op) -> _Anchor:
 
 
 def write_triton_matmul(graph: SiteGraph, config: MatmulConfig) -> str:
-    """The ModelNew source computing `graph` (anchor matmul + epilogue) with one Triton kernel."""
-    if graph.family != "matmul" or not graph.ops or graph.ops[0].kind.value != "matmul":
-        raise Unsupported("the site does not start with a matmul")
-    anchor = _anchor(graph)
-    dtype = graph.ops[0].out.dtype
+    """The ModelNew source computing `graph` (prologue, anchor matmul, epilogue) with one Triton
+    kernel, and a second one combining the tiles where the site reduces the output's rows."""
+    if graph.family != "matmul":
+        raise Unsupported("the site is not a matmul site")
+    top, anchor_op, prologue = split(graph)
+    anchor = _anchor(graph, anchor_op)
+    if prologue is not None and anchor.needs_broadcast:
+        raise Unsupported("a prologue on a matmul that broadcasts its batch dimensions")
+    dtype = anchor_op.out.dtype
     if not dtype.is_floating_point:
         raise Unsupported(f"a {dtype} matmul: the rules handle float operands")
-    numel = graph.ops[0].out.numel
+    numel = anchor_op.out.numel
 
     # Each value's stage: a shape-only (meta) tensor in forward, viewed as the value is.
-    stage: dict[Ref, str] = {Ref(0, False): "stage0"}
+    stage: dict[Ref, str] = {Ref(top, False): "stage0"}
     stages = ["stage0 = torch.empty(shape, device='meta')"]
-    value: dict[Ref, str] = {Ref(0, False): "v0"}
+    value: dict[Ref, str] = {Ref(top, False): "v0"}
     operands: dict[tuple[int, str], str] = {}  # (input index, stage) → operand name
     operand_lines: list[str] = []
     loads: list[str] = []
@@ -270,7 +277,7 @@ def write_triton_matmul(graph: SiteGraph, config: MatmulConfig) -> str:
     body.append(f"v0 = {accumulate}")
 
     rows: RowReduction | None = None  # the reduction over the output's rows, if the site has one
-    for i, op in enumerate(graph.ops[1:], start=1):
+    for i, op in enumerate(graph.ops[top + 1:], start=top + 1):
         here = Ref(i, False)
         chain = [r for r in op.args if isinstance(r, Ref) and not r.is_input]
         if rows is not None and any(r in rows.value for r in chain):
@@ -342,7 +349,8 @@ def write_triton_matmul(graph: SiteGraph, config: MatmulConfig) -> str:
         config=config.describe(),
         operand_params=_indent([f"{n}_ptr," for n in names], 4),
         out_params=_indent([f"{p}_ptr," for p in out_pointers], 4),
-        stride_params=_indent([f"{n}_sb, {n}_sm, {n}_sn," for n in names], 4),
+        stride_params=_indent([f"{n}_sb, {n}_sm, {n}_sn," for n in names]
+                              + (prologue.params() if prologue else []), 4),
         precision=precision,
         flag_params=_indent([f"{flag}_BROADCAST: tl.constexpr," for flag in flags], 4),
         flag_args=_indent([f"{flag}_BROADCAST=1 if {flag.lower()}.stride(1) == 0 else 2 if "
@@ -357,8 +365,11 @@ def write_triton_matmul(graph: SiteGraph, config: MatmulConfig) -> str:
         stages=_indent(stages, 8),
         operands=_indent(operand_lines, 8),
         pointer_args=", ".join(names + out_pointers),
-        stride_args=_indent([", ".join(f"*{n}.stride()" for n in names) + ","] if names else [],
-                            12),
+        stride_args=_indent(([", ".join(f"*{n}.stride()" for n in names) + ","] if names else [])
+                            + (prologue.args() if prologue else []), 12),
+        prologue_tiles=_indent(prologue.tiles() if prologue else [], 4),
+        prologue=_indent(prologue.loop_lines() if prologue else [], 8),
+        prologue_operands=_indent(prologue.forward_lines() if prologue else [], 8),
         block_m=config.block_m, block_n=config.block_n, block_k=config.block_k,
         group_m=config.group_m, num_warps=config.num_warps, num_stages=config.num_stages,
         returns=", ".join(returns),
