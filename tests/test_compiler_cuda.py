@@ -73,6 +73,20 @@ def test_the_candidate_states_its_launch_geometry(tmp_path):
     assert "constexpr int LANES = 32;" in source
 
 
+def test_rows_side_by_side_in_memory_take_consecutive_threads(tmp_path):
+    # A sum over the leading dimension: rows (the trailing 300) lie next to each other.
+    leading = Case("x", "torch.sum(x, dim=0)", "torch.randn(70, 300)")
+    _, program = write_problem(tmp_path / "leading", leading)
+    source = write_cuda_program(program, Schedule(64, 32, 4), leading.body)
+    assert "const long long raw_row = (long long)blockIdx.x * ROWS + threadIdx.x % ROWS;" in source
+    assert "const int lane = threadIdx.x / ROWS;" in source
+    assert "fold_rows_apart<LANES, ROWS>(" in source.split("__global__")[1]
+    trailing = Case("x", "torch.sum(x, dim=1)", "torch.randn(300, 70)")
+    _, program = write_problem(tmp_path / "trailing", trailing)
+    source = write_cuda_program(program, Schedule(4, 64, 4), trailing.body)
+    assert "threadIdx.x / LANES" in source and "ROWS" not in source.split("__global__")[1]
+
+
 @pytest.mark.parametrize("case", CUDA_CASES, ids=[c.id for c in CUDA_CASES])
 def test_every_case_matches_pytorch_run_on_the_cpu(tmp_path, case):
     with kernels_on_cpu():

@@ -4,9 +4,12 @@ tier from the same IR and schedule as the Triton one (`generators.triton.compile
 A block of `32 * num_warps` threads takes `block_rows` rows; the threads of a row (its lanes)
 walk its columns side by side, each keeping scalar accumulators, and fold them when the loop
 ends, with warp shuffles and, for rows wider than a warp, shared memory: every lane then holds
-the row's result. The variance keeps sums shifted by the row's first value. With splits, each
-reduction level is a launch whose blocks store their share's partial results, which the next
-launch folds, as in the Triton backend.
+the row's result. Where the rows lie side by side in memory (a reduction over a leading
+dimension), consecutive threads take consecutive rows instead, so that a warp's loads of one
+column are one contiguous run, and a row's lanes, a block's rows apart, fold in shared memory.
+The variance keeps sums shifted by the row's first value. With splits, each reduction level is
+a launch whose blocks store their share's partial results, which the next launch folds, as in
+the Triton backend.
 """
 
 from __future__ import annotations
@@ -97,6 +100,40 @@ __device__ __forceinline__ void arg_fold_row(float& best, long long& at, bool la
         __syncthreads();
     }
 }
+
+// `value` folded over the LANES lanes of a row when a block's ROWS rows take consecutive
+// threads (a row's lanes ROWS threads apart); every lane gets the result. `shared` holds a slot
+// a thread.
+template <int LANES, int ROWS, class T, class F>
+__device__ __forceinline__ T fold_rows_apart(T value, F combine, long long* shared) {
+    if (LANES == 1) { return value; }
+    T* slots = reinterpret_cast<T*>(shared);
+    slots[threadIdx.x] = value;
+    __syncthreads();
+    const int row = threadIdx.x % ROWS;
+    value = slots[row];
+    for (int l = 1; l < LANES; ++l) { value = combine(value, slots[row + l * ROWS]); }
+    __syncthreads();
+    return value;
+}
+
+template <int LANES, int ROWS>
+__device__ __forceinline__ void arg_fold_rows_apart(float& best, long long& at, bool largest,
+                                                    long long* shared) {
+    if (LANES == 1) { return; }
+    float* values = reinterpret_cast<float*>(shared);
+    long long* indices = shared + LANES * ROWS;
+    values[threadIdx.x] = best;
+    indices[threadIdx.x] = at;
+    __syncthreads();
+    const int row = threadIdx.x % ROWS;
+    best = values[row];
+    at = indices[row];
+    for (int l = 1; l < LANES; ++l) {
+        arg_pick(best, at, values[row + l * ROWS], indices[row + l * ROWS], largest);
+    }
+    __syncthreads();
+}
 }  // extern "C++"
 """
 
@@ -118,6 +155,9 @@ class CudaKernelWriter(CudaValues):
             # A scan runs along one warp's lanes: a row takes at most a warp.
             self.rows_per_block = max(self.rows_per_block, self.threads // 32)
         self.lanes = self.threads // self.rows_per_block
+        # Rows side by side in memory: a block's rows on consecutive threads (coalesced loads).
+        self.rows_apart = (kernel.scan_dim is None and self.lanes > 1
+                           and kernel.rows_contiguous())
         # Columns a lane takes each pass of a loop: the schedule's block of columns shared by a
         # row's lanes, at most MAX_STEPS.
         self.steps = max(1, min(MAX_STEPS, schedule.block_columns // self.lanes))
@@ -230,12 +270,13 @@ class CudaKernelWriter(CudaValues):
     def fold(self, reduction: Reduction, slot: dict[str, str]) -> None:
         """The lanes' accumulators folded into the row's totals, held by every lane."""
         kind = reduction.node.kind
+        apart = "_rows_apart<LANES, ROWS>" if self.rows_apart else "_row<LANES>"
         if kind in ("argmax", "argmin"):
-            self.line(f"arg_fold_row<LANES>({slot['best']}, {slot['at']}, "
+            self.line(f"arg_fold{apart}({slot['best']}, {slot['at']}, "
                       f"{str(kind == 'argmax').lower()}, fold_space);")
             return
         for total in slot.values():
-            self.line(f"{total} = fold_row<LANES>({total}, {FUNCTOR[kind]}(), fold_space);")
+            self.line(f"{total} = fold{apart}({total}, {FUNCTOR[kind]}(), fold_space);")
 
     def finish(self, reduction: Reduction, slot: dict[str, str]) -> None:
         node, n = reduction.node, reduction.size
@@ -279,10 +320,18 @@ class CudaKernelWriter(CudaValues):
     def body(self) -> list[str]:
         kernel = self.kernel
         self.line(f"constexpr int LANES = {self.lanes};")
-        self.line("__shared__ long long fold_space[64];")
-        self.line("const int lane = threadIdx.x % LANES;")
-        self.line(f"const long long raw_row = (long long)blockIdx.x * {self.rows_per_block} + "
-                  "threadIdx.x / LANES;")
+        if self.rows_apart:
+            # Two slots a thread: an arg fold keeps a value and an index.
+            self.line(f"constexpr int ROWS = {self.rows_per_block};")
+            self.line(f"__shared__ long long fold_space[{2 * self.threads}];")
+            self.line("const int lane = threadIdx.x / ROWS;")
+            self.line("const long long raw_row = (long long)blockIdx.x * ROWS + "
+                      "threadIdx.x % ROWS;")
+        else:
+            self.line("__shared__ long long fold_space[64];")
+            self.line("const int lane = threadIdx.x % LANES;")
+            self.line(f"const long long raw_row = (long long)blockIdx.x * {self.rows_per_block} "
+                      "+ threadIdx.x / LANES;")
         self.line(f"const bool row_ok = raw_row < {kernel.row_count};")
         self.line(f"const {self.index} row = row_ok ? raw_row : {kernel.row_count - 1};")
         self.counters("row", [kernel.symbols[d] for d in kernel.rows])
