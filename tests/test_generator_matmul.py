@@ -127,6 +127,23 @@ def test_bias_scale_and_residual_in_one_epilogue(tmp_path):
     assert source.count("_BROADCAST=1 if") == 3
 
 
+def test_masks_from_buffers_and_boolean_masks_in_the_epilogue(tmp_path):
+    # A causal mask made inside the site from a float buffer, as GPT-style blocks write it, and
+    # a boolean mask given as an input, broadcast over the batch.
+    path = tmp_path / "problem.py"
+    path.write_text(
+        "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
+        "    def forward(self, q, k, bias, keep):\n"
+        "        att = (q @ k) * 0.5\n"
+        "        att = att.masked_fill(bias == 0, float('-inf'))\n"
+        "        return torch.where(keep, torch.relu(att), -1.0)\n\n\n"
+        "def get_inputs():\n    return [torch.randn(2, 3, 9, 5), torch.randn(2, 3, 5, 9), "
+        "torch.tril(torch.ones(9, 9)).view(1, 1, 9, 9), torch.rand(3, 9, 9) > 0.4]\n\n\n"
+        "def get_init_inputs():\n    return []\n")
+    source = check(path, SMALL)
+    assert "w2_stage0 = " in source, "the mask is computed in the kernel, where it is read"
+
+
 def test_candidates_pass_the_evaluator(tmp_path):
     path = write_problem(tmp_path / "problem.py", "linear", ["torch.nn.functional.gelu(v)",
                                                              "v * 0.5 + in3"],

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from generators.codegen import BROADCAST_SHAPE_HELPER
 from generators.site_graph import Op, Ref, SiteGraph, Unsupported
 from generators.triton.expressions import elementwise, tl_dtype, with_jit_helpers
+from generators.triton.matmul_anchor import prepare_operands
 from generators.triton.matmul_prologue import split
 from generators.triton.matmul_rows import RowReduction, partial_lines
 from generators.triton.precision import DESCRIBED, check_precision, dot_precision
@@ -148,21 +151,21 @@ class ModelNew(nn.Module):
 # matmul bias row).
 _EPILOGUE_LOAD = """if {flag}_BROADCAST == 1:  # the same row for every m
     {name} = tl.load({name}_ptr + batch * {name}_sb + cols * {name}_sn,
-                 mask=cols < N).to(tl.float32)[None, :]
+                 mask=cols < N){widen}[None, :]
 elif {flag}_BROADCAST == 2:  # the same column for every n
     {name} = tl.load({name}_ptr + batch * {name}_sb + rows * {name}_sm,
-                 mask=rows < M).to(tl.float32)[:, None]
+                 mask=rows < M){widen}[:, None]
 else:
     {name} = tl.load({name}_ptr + batch * {name}_sb + rows[:, None] * {name}_sm
-                 + cols[None, :] * {name}_sn, mask=mask).to(tl.float32)"""
+                 + cols[None, :] * {name}_sn, mask=mask){widen}"""
 
 
 def _indent(lines: list[str], depth: int) -> str:
     return "\n".join(" " * depth + line for line in lines) if lines else _EMPTY
 
 
-def _arg(op: Op, position: int, key: str, default: object = None) -> object:
-    return op.kwarg(key, op.args[position] if position < len(op.args) else default)
+def _refs(op: Op) -> list[Ref]:
+    return [r for r in op.args + tuple(v for _, v in op.kwargs) if isinstance(r, Ref)]
 
 
 def _literal(value: object) -> str:
@@ -171,77 +174,13 @@ def _literal(value: object) -> str:
     return repr(value)
 
 
-@dataclass
-class _Anchor:
-    """How forward brings the anchor's operands to [batch, M, K] @ [batch, K, N]."""
-
-    prepare: list[str]  # forward lines defining `a`, `b` and `shape` (the anchor's output shape)
-    bias: Ref | None
-    alpha: object
-    beta: object
-    needs_broadcast: bool = False
-
-
-def _anchor(graph: SiteGraph, op: Op) -> _Anchor:
-    if not op.args or not all(isinstance(r, Ref) and r.is_input for r in op.args[:2]):
-        raise Unsupported(f"{op.name} of values the site computes itself")
-    if op.name == "linear":
-        x, w = op.args[0], op.args[1]
-        bias = _arg(op, 2, "bias")
-        return _Anchor([f"a = {x.name}.reshape(-1, {x.name}.shape[-1]).unsqueeze(0)",
-                        f"b = {w.name}.t().unsqueeze(0)",
-                        f"shape = (*{x.name}.shape[:-1], {w.name}.shape[0])"], bias, 1, 1)
-    if op.name in ("mm", "bmm"):
-        x, y = op.args[0], op.args[1]
-        if op.name == "mm":
-            return _Anchor([f"a = {x.name}.unsqueeze(0)", f"b = {y.name}.unsqueeze(0)",
-                            f"shape = ({x.name}.shape[0], {y.name}.shape[1])"], None, 1, 1)
-        return _Anchor([f"a, b = {x.name}, {y.name}",
-                        f"shape = ({x.name}.shape[0], {x.name}.shape[1], {y.name}.shape[2])"],
-                       None, 1, 1)
-    if op.name in ("addmm", "baddbmm"):
-        if len(op.args) < 3 or not all(isinstance(r, Ref) and r.is_input for r in op.args[:3]):
-            raise Unsupported(f"{op.name} of values the site computes itself")
-        bias, x, y = op.args[:3]
-        beta, alpha = _arg(op, 3, "beta", 1), _arg(op, 4, "alpha", 1)
-        if op.name == "addmm":
-            return _Anchor([f"a = {x.name}.unsqueeze(0)", f"b = {y.name}.unsqueeze(0)",
-                            f"shape = ({x.name}.shape[0], {y.name}.shape[1])"], bias, alpha, beta)
-        return _Anchor([f"a, b = {x.name}, {y.name}",
-                        f"shape = ({x.name}.shape[0], {x.name}.shape[1], {y.name}.shape[2])"],
-                       bias, alpha, beta)
-    if op.name == "matmul":
-        return _matmul_anchor(graph, op)
-    raise Unsupported(f"no matmul rule for {op.name}")
-
-
-def _matmul_anchor(graph: SiteGraph, op: Op) -> _Anchor:
-    x, y = op.args[0], op.args[1]
-    rank_x, rank_y = len(graph.info(x).shape), len(graph.info(y).shape)
-    if rank_x < 2 or rank_y < 2:
-        raise Unsupported("matmul with a vector operand")
-    if rank_y == 2:
-        # A stack of rows times one matrix: the leading dimensions fold into M.
-        return _Anchor([f"a = {x.name}.reshape(-1, {x.name}.shape[-1]).unsqueeze(0)",
-                        f"b = {y.name}.unsqueeze(0)",
-                        f"shape = (*{x.name}.shape[:-1], {y.name}.shape[-1])"], None, 1, 1)
-    batch = f"_broadcast_shape([{x.name}.shape[:-2], {y.name}.shape[:-2]])"
-    return _Anchor([f"batch_shape = {batch}",
-                    f"a = {x.name}.expand(*batch_shape, *{x.name}.shape[-2:])"
-                    f".reshape(-1, *{x.name}.shape[-2:])",
-                    f"b = {y.name}.expand(*batch_shape, *{y.name}.shape[-2:])"
-                    f".reshape(-1, *{y.name}.shape[-2:])",
-                    f"shape = (*batch_shape, {x.name}.shape[-2], {y.name}.shape[-1])"],
-                   None, 1, 1, needs_broadcast=True)
-
-
 def write_triton_matmul(graph: SiteGraph, config: MatmulConfig) -> str:
     """The ModelNew source computing `graph` (prologue, anchor matmul, epilogue) with one Triton
     kernel, and a second one combining the tiles where the site reduces the output's rows."""
     if graph.family != "matmul":
         raise Unsupported("the site is not a matmul site")
     top, anchor_op, prologue = split(graph)
-    anchor = _anchor(graph, anchor_op)
+    anchor = prepare_operands(graph, anchor_op)
     if prologue is not None and anchor.needs_broadcast:
         raise Unsupported("a prologue on a matmul that broadcasts its batch dimensions")
     dtype = anchor_op.out.dtype
@@ -265,9 +204,32 @@ def write_triton_matmul(graph: SiteGraph, config: MatmulConfig) -> str:
             name = f"e{len(operands)}"
             operands[key] = name
             operand_lines.append(f"{name} = {ref.name}.expand({at}.shape).reshape(batch, M, N)")
-            loads.extend(_EPILOGUE_LOAD.format(name=name, flag=name.upper()).splitlines())
+            dtype = graph.inputs[ref.index].dtype
+            # A mask stays boolean; every other operand joins the fp32 chain.
+            widen = ".to(tl.float32)" if dtype != torch.bool else ""
+            loads.extend(_EPILOGUE_LOAD.format(name=name, flag=name.upper(), widen=widen)
+                         .splitlines())
             flags.append(name.upper())
         return operands[key]
+
+    side: dict[Ref, Op] = {}  # values of the site's inputs alone (a mask made from a buffer)
+    side_names: set[str] = set()
+
+    def operand(ref: Ref, at: str) -> str:
+        """An epilogue operand, broadcast to stage `at`: an input loaded there, or a value of
+        inputs alone computed there from its own inputs loaded there."""
+        if ref.is_input:
+            dtype = graph.inputs[ref.index].dtype
+            if not (dtype.is_floating_point or dtype == torch.bool):
+                raise Unsupported(f"input {ref.name} is {dtype}")
+            return load(ref, at)
+        name = f"w{ref.index}_{at}"
+        if name not in side_names:
+            op = side[ref]
+            local = {r: operand(r, at) for r in _refs(op)}
+            body.append(f"{name} = {elementwise(op, local)}")
+            side_names.add(name)
+        return name
 
     accumulate = "acc" if anchor.alpha == 1 else f"acc * {float(anchor.alpha)!r}"
     if anchor.bias is not None:
@@ -288,6 +250,9 @@ def write_triton_matmul(graph: SiteGraph, config: MatmulConfig) -> str:
                 raise Unsupported("a second reduction of the matmul's output")
             rows = RowReduction.start(graph, i, stage)
             continue
+        if not chain and op.kind.value == "pointwise" and here not in graph.outputs:
+            side[here] = op  # computed where the chain reads it, at that stage's shape
+            continue
         if op.out.numel != numel or not chain:
             raise Unsupported(f"{op.name} is not an epilogue on the matmul's output")
         at = stage[chain[0]]
@@ -306,11 +271,9 @@ def write_triton_matmul(graph: SiteGraph, config: MatmulConfig) -> str:
             raise Unsupported(f"{op.name} is not elementwise")
         if tuple(op.out.shape) != tuple(graph.info(chain[0]).shape):
             raise Unsupported(f"{op.name} broadcasts the matmul's output to a larger shape")
-        for ref in [r for r in op.args + tuple(v for _, v in op.kwargs) if isinstance(r, Ref)]:
-            if ref.is_input:
-                if not graph.inputs[ref.index].dtype.is_floating_point:
-                    raise Unsupported(f"input {ref.name} is {graph.inputs[ref.index].dtype}")
-                value[ref] = load(ref, at)
+        for ref in _refs(op):
+            if ref.is_input or ref in side:
+                value[ref] = operand(ref, at)
         body.append(f"v{i} = {elementwise(op, value)}")
         value[here], stage[here] = f"v{i}", at
 

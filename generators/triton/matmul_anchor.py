@@ -1,0 +1,78 @@
+"""How a matmul site's forward brings its anchor's operands to the kernel's
+[batch, M, K] @ [batch, K, N], for every anchor: linear, mm, bmm, addmm, baddbmm and matmul."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from generators.site_graph import Op, Ref, SiteGraph, Unsupported
+
+
+def _arg(op: Op, position: int, key: str, default: object = None) -> object:
+    return op.kwarg(key, op.args[position] if position < len(op.args) else default)
+
+
+@dataclass
+class Anchor:
+    """How forward brings the anchor's operands to [batch, M, K] @ [batch, K, N]."""
+
+    prepare: list[str]  # forward lines defining `a`, `b` and `shape` (the anchor's output shape)
+    bias: Ref | None
+    alpha: object
+    beta: object
+    needs_broadcast: bool = False
+
+
+def prepare_operands(graph: SiteGraph, op: Op) -> Anchor:
+    """The forward lines bringing the site's matmul `op` to the kernel's shapes, and its bias
+    and scales for the epilogue."""
+    if not op.args or not all(isinstance(r, Ref) and r.is_input for r in op.args[:2]):
+        raise Unsupported(f"{op.name} of values the site computes itself")
+    if op.name == "linear":
+        x, w = op.args[0], op.args[1]
+        bias = _arg(op, 2, "bias")
+        return Anchor([f"a = {x.name}.reshape(-1, {x.name}.shape[-1]).unsqueeze(0)",
+                       f"b = {w.name}.t().unsqueeze(0)",
+                       f"shape = (*{x.name}.shape[:-1], {w.name}.shape[0])"], bias, 1, 1)
+    if op.name in ("mm", "bmm"):
+        x, y = op.args[0], op.args[1]
+        if op.name == "mm":
+            return Anchor([f"a = {x.name}.unsqueeze(0)", f"b = {y.name}.unsqueeze(0)",
+                           f"shape = ({x.name}.shape[0], {y.name}.shape[1])"], None, 1, 1)
+        return Anchor([f"a, b = {x.name}, {y.name}",
+                       f"shape = ({x.name}.shape[0], {x.name}.shape[1], {y.name}.shape[2])"],
+                      None, 1, 1)
+    if op.name in ("addmm", "baddbmm"):
+        if len(op.args) < 3 or not all(isinstance(r, Ref) and r.is_input for r in op.args[:3]):
+            raise Unsupported(f"{op.name} of values the site computes itself")
+        bias, x, y = op.args[:3]
+        beta, alpha = _arg(op, 3, "beta", 1), _arg(op, 4, "alpha", 1)
+        if op.name == "addmm":
+            return Anchor([f"a = {x.name}.unsqueeze(0)", f"b = {y.name}.unsqueeze(0)",
+                           f"shape = ({x.name}.shape[0], {y.name}.shape[1])"], bias, alpha, beta)
+        return Anchor([f"a, b = {x.name}, {y.name}",
+                       f"shape = ({x.name}.shape[0], {x.name}.shape[1], {y.name}.shape[2])"],
+                      bias, alpha, beta)
+    if op.name == "matmul":
+        return _matmul_anchor(graph, op)
+    raise Unsupported(f"no matmul rule for {op.name}")
+
+
+def _matmul_anchor(graph: SiteGraph, op: Op) -> Anchor:
+    x, y = op.args[0], op.args[1]
+    rank_x, rank_y = len(graph.info(x).shape), len(graph.info(y).shape)
+    if rank_x < 2 or rank_y < 2:
+        raise Unsupported("matmul with a vector operand")
+    if rank_y == 2:
+        # A stack of rows times one matrix: the leading dimensions fold into M.
+        return Anchor([f"a = {x.name}.reshape(-1, {x.name}.shape[-1]).unsqueeze(0)",
+                       f"b = {y.name}.unsqueeze(0)",
+                       f"shape = (*{x.name}.shape[:-1], {y.name}.shape[-1])"], None, 1, 1)
+    batch = f"_broadcast_shape([{x.name}.shape[:-2], {y.name}.shape[:-2]])"
+    return Anchor([f"batch_shape = {batch}",
+                   f"a = {x.name}.expand(*batch_shape, *{x.name}.shape[-2:])"
+                   f".reshape(-1, *{x.name}.shape[-2:])",
+                   f"b = {y.name}.expand(*batch_shape, *{y.name}.shape[-2:])"
+                   f".reshape(-1, *{y.name}.shape[-2:])",
+                   f"shape = (*batch_shape, {x.name}.shape[-2], {y.name}.shape[-1])"],
+                  None, 1, 1, needs_broadcast=True)
