@@ -1,5 +1,6 @@
-"""Comparing a generated kernel's output with PyTorch's, with a message that shows where; and
-the one-line site problems the kernel tests write."""
+"""Comparing a generated kernel's output with PyTorch's, with a message that shows where; running
+a candidate source beside its problem's Model; and the one-line site problems the kernel tests
+write."""
 
 from __future__ import annotations
 
@@ -23,6 +24,22 @@ def assert_matches(actual: torch.Tensor, expected: torch.Tensor, context: str = 
     assert worst <= TOLERANCE[expected.dtype], (
         f"relative error {worst:.3g} at {where}: {actual[where].item()} vs "
         f"{expected[where].item()}\n{context}")
+
+
+def run_beside_problem(source: str, problem_path: Path, seed: int,
+                       inputs: list | None = None) -> tuple[object, object]:
+    """The candidate `source`'s ModelNew and the problem's Model on the same inputs (the
+    problem's, drawn after `seed`, unless given): (actual, expected)."""
+    from tests.test_site_problems import import_problem
+
+    namespace: dict = {}
+    exec(compile(source, "model_new.py", "exec"), namespace)
+    problem = import_problem(problem_path)
+    torch.manual_seed(seed)
+    inputs = inputs or problem.get_inputs()
+    with torch.no_grad():
+        expected = problem.Model()(*inputs)
+        return namespace["ModelNew"]()(*inputs), expected
 
 
 def one_input_problem(folder: Path, body: str, inputs: str) -> Path:

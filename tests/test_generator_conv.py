@@ -11,7 +11,7 @@ from core.evaluate import EvalConfig, evaluate
 from generators.site_graph import Unsupported, load_site_graph
 from generators.triton.conv import write_conv_epilogue
 from generators.triton.pointwise import PointwiseConfig
-from tests.kernel_checks import assert_matches
+from tests.kernel_checks import assert_matches, run_beside_problem
 from tests.test_site_problems import import_problem
 
 BN = "torch.nn.functional.batch_norm(v, mean, var, g, b, False, 0.1, 1e-5)"
@@ -33,14 +33,7 @@ def write_problem(path: Path, conv: str, epilogue: list[str], shapes: dict[str, 
 
 def check(problem_path: Path, config: PointwiseConfig) -> str:
     source = write_conv_epilogue(load_site_graph(problem_path), config)
-    namespace: dict = {}
-    exec(compile(source, "model_new.py", "exec"), namespace)
-    problem = import_problem(problem_path)
-    torch.manual_seed(5)
-    inputs = problem.get_inputs()
-    with torch.no_grad():
-        expected = problem.Model()(*inputs)
-        actual = namespace["ModelNew"]()(*inputs)
+    actual, expected = run_beside_problem(source, problem_path, 5)
     assert_matches(actual, expected, problem_path.read_text())
     return source
 

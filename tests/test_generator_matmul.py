@@ -12,8 +12,7 @@ from core.evaluate import EvalConfig, evaluate
 from generators.rules import RulesGenerator
 from generators.site_graph import Unsupported, load_site_graph
 from generators.triton.matmul import MatmulConfig, write_triton_matmul
-from tests.kernel_checks import assert_matches
-from tests.test_site_problems import import_problem
+from tests.kernel_checks import assert_matches, run_beside_problem
 
 SMALL = MatmulConfig(block_m=16, block_n=16, block_k=16, group_m=2, num_warps=4, num_stages=2)
 EPILOGUES = ["torch.relu({})", "torch.nn.functional.gelu({})", "torch.tanh({})",
@@ -49,14 +48,7 @@ def write_problem(path: Path, anchor: str, epilogue: list[str], shapes: list[str
 
 def check(problem_path: Path, config: MatmulConfig, inputs: list | None = None) -> str:
     source = write_triton_matmul(load_site_graph(problem_path), config)
-    namespace: dict = {}
-    exec(compile(source, "model_new.py", "exec"), namespace)
-    problem = import_problem(problem_path)
-    torch.manual_seed(3)
-    inputs = inputs or problem.get_inputs()
-    with torch.no_grad():
-        expected = problem.Model()(*inputs)
-        actual = namespace["ModelNew"]()(*inputs)
+    actual, expected = run_beside_problem(source, problem_path, 3, inputs)
     assert_matches(actual, expected, problem_path.read_text())
     return source
 

@@ -12,8 +12,7 @@ from core.evaluate import EvalConfig, evaluate
 from generators.rules import RulesGenerator
 from generators.site_graph import Unsupported, load_site_graph
 from generators.triton.matmul import MatmulConfig, write_triton_matmul
-from tests.kernel_checks import assert_matches
-from tests.test_site_problems import import_problem
+from tests.kernel_checks import assert_matches, run_beside_problem
 
 SMALL = MatmulConfig(block_m=16, block_n=16, block_k=16, group_m=2, num_warps=4, num_stages=2)
 KINDS = ["sum", "mean", "amax", "amin", "logsumexp"]
@@ -44,14 +43,7 @@ def write(path: Path, body: list[str], returns: str, anchor: str, sizes: dict[st
 def run(path: Path, config: MatmulConfig = SMALL) -> tuple[str, tuple, tuple]:
     graph = load_site_graph(path)
     source = write_triton_matmul(graph, config)
-    namespace: dict = {}
-    exec(compile(source, "model_new.py", "exec"), namespace)
-    problem = import_problem(path)
-    torch.manual_seed(5)
-    inputs = problem.get_inputs()
-    with torch.no_grad():
-        expected = problem.Model()(*inputs)
-        actual = namespace["ModelNew"]()(*inputs)
+    actual, expected = run_beside_problem(source, path, 5)
     return source, _as_tuple(actual), _as_tuple(expected)
 
 
