@@ -184,6 +184,24 @@ def test_matmul_takes_the_elementwise_chain_that_only_computes_its_left_operand(
     assert ("pointwise", ("add",)) in found
 
 
+def test_a_convs_epilogue_that_only_feeds_a_norm_moves_into_the_norms_site():
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up = nn.ConvTranspose2d(4, 8, 3)
+            self.conv = nn.Conv2d(4, 8, 3)
+            self.norm = nn.GroupNorm(2, 8)
+
+        def forward(self, x):
+            moved = self.norm(F.gelu(self.up(x)))
+            kept = torch.sigmoid(self.conv(x) + 1.0)  # also returned: it stays the conv's
+            return moved, self.norm(kept), kept * 2
+
+    found = ops_by_family(sites_of(Model(), torch.randn(2, 4, 10, 10)))
+    assert found == {("conv", ("conv_transpose2d",)), ("reduction", ("gelu", "group_norm")),
+                     ("conv", ("conv2d", "add", "sigmoid", "mul")), ("reduction", ("group_norm",))}
+
+
 def test_dangling_reshape_is_trimmed_from_the_region():
     class Model(nn.Module):
         def forward(self, x):

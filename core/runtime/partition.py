@@ -10,8 +10,8 @@ replaced by a single call. Regions are grown greedily in graph order:
   rows (sum, mean, max, min or logsumexp along the last dimension: each tile reduces its
   columns, a second pass combines the tiles) and the elementwise ops on the reduced values;
 - a reduction or norm anchors a region, swallows the pointwise chain of its input's shape that
-  feeds it (the prologue; a value others read too becomes a second output) and takes its
-  epilogue;
+  feeds it (the prologue; a value others read too becomes a second output; a conv's epilogue
+  that only feeds it moves in too) and takes its epilogue;
 - remaining elementwise ops (inference-mode batch norm among them: a per-channel affine map)
   form maximal pointwise chains, across any broadcast;
 - every other op with tensor inputs is a one-node `other` region, kept with PyTorch;
@@ -234,6 +234,9 @@ class _Grower:
         region = self._new("reduction", node)
         for parent in node.all_input_nodes:
             prologue = self._open(self.region_of.get(parent))
+            if prologue is not None and prologue.family == "conv":
+                self._take_conv_epilogue(prologue, parent, node, region)
+                continue
             if prologue is None or prologue.family != "pointwise" or prologue is region:
                 continue
             members = set(prologue.nodes)
@@ -246,6 +249,25 @@ class _Grower:
                     self.region_of[m] = region
                 region.nodes[:0] = prologue.nodes
                 self.regions.remove(prologue)
+
+    def _take_conv_epilogue(self, conv: Region, parent: fx.Node, node: fx.Node,
+                            region: Region) -> None:
+        """Move a conv region's elementwise epilogue into the reduction `node` reads it through,
+        as its prologue. A conv site runs the vendor convolution, then its epilogue as one pass
+        over the output; in the reduction's kernel the epilogue costs no pass of its own (one
+        write and one read of the conv's output fewer). Only an epilogue of the conv output's
+        shape that nothing else reads moves."""
+        epilogue = conv.nodes[1:]  # the conv anchors its region
+        members = set(epilogue)
+        if parent not in members or any(u not in members and u is not node
+                                         for m in epilogue for u in m.users):
+            return
+        if not all(_same_shape(m, conv.nodes[0]) for m in epilogue):
+            return
+        for m in epilogue:
+            self.region_of[m] = region
+        del conv.nodes[1:]
+        region.nodes[:0] = epilogue
 
     def add_matmul(self, node: fx.Node, name: str) -> None:
         """A matmul region, taking the elementwise chain that computes its left operand and
