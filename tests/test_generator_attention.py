@@ -61,6 +61,11 @@ FORMS = {
         return torch.softmax(w, -1) @ v + scaled * g""",
                                                         "torch.randn(16).to(DTYPE), "
                                                         "torch.randn(B, 1, L, 1).to(DTYPE)"),
+    "relu weights of a masked scores, no softmax": (", mask", """w = q @ kt * 0.25
+        w = w.masked_fill(mask == 0, float("-inf"))
+        return torch.relu(w) @ v""", "_mask((B, 1, L, S)).float()"),
+    "sigmoid weights, bmm, no softmax": ("", """w = torch.sigmoid(torch.bmm(q, kt) * 0.25)
+        return torch.bmm(w, v) * 2.0""", ""),
     "bmm without heads": ("", """w = torch.bmm(q, kt)
         return torch.bmm(w.div(4.0).softmax(-1), v)""", ""),
     "sdpa": ("", "return torch.nn.functional.scaled_dot_product_attention(q, k, v)", ""),

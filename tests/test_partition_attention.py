@@ -188,6 +188,20 @@ NOT_ATTENTION = {
 }
 
 
+def test_weights_without_a_softmax_are_attention_but_wide_products_are_not():
+    relu_attention = Attention(lambda self, q, k, v: torch.relu(q @ k.transpose(-2, -1) * 0.25)
+                               @ v)
+    assert ops_by_family(sites_of(relu_attention, *qkv())) == {
+        ("attention", ("matmul", "mul", "relu", "matmul"))}
+
+    class Products(nn.Module):  # x · w1ᵀ, then ·w2: a hidden row wider than a kernel holds
+        def forward(self, x, w1, w2):
+            return torch.relu(x @ w1.t()) @ w2
+
+    wide = sites_of(Products(), torch.randn(8, 300), torch.randn(16, 300), torch.randn(16, 5))
+    assert ops_by_family(wide) == {("matmul", ("matmul", "relu")), ("matmul", ("matmul",))}
+
+
 @pytest.mark.parametrize("form", list(NOT_ATTENTION))
 def test_what_is_not_attention_is_cut_as_before(form):
     body, expected = NOT_ATTENTION[form]

@@ -1,5 +1,6 @@
 """Attention written out, found in a captured graph: softmax(Q·Kᵀ (scaled, masked,
-biased)) · V, claimed as one attention region before the partition grows the others.
+biased)) · V, or any elementwise weights of the scores in place of the softmax (ReLU attention),
+claimed as one attention region before the partition grows the others.
 
 GPT-2's eager attention (`w = q @ k^T; w = w / sqrt(d); w = torch.where(mask, w, min);
 softmax(w, -1); dropout; w @ v`), a `masked_fill` of a causal mask, or an additive bias would
@@ -16,6 +17,8 @@ from .ops import OpKind, is_factory, make_relative, op_info
 # Between the softmax and the second matmul of attention: identities in inference, and casts.
 _PASS_THROUGH = frozenset("dropout identity detach contiguous to type type_as float half "
                           "bfloat16".split())
+# Head dimensions a kernel holds a query's row of, and of its output, in registers.
+MAX_HEAD_DIM = 256
 # Ops that keep a value made of factories alone a constant (`torch.tril(torch.ones(t, t))`).
 _CONSTANT_OPS = frozenset({"tril", "triu", "bool", "int", "long"})
 
@@ -130,6 +133,39 @@ def _match_attention(softmax: fx.Node, ancestors: dict[fx.Node, frozenset[fx.Nod
     second = users[0] if len(users) == 1 else None
     if second is None or not _is_batched_matmul(second) or second.args[0] is not last:
         return None
+    return _with_values(first, second, nodes, chain, scores, ancestors, constants)
+
+
+def _match_unnormalized(second: fx.Node, ancestors: dict[fx.Node, frozenset[fx.Node]],
+                        constants: set[fx.Node], order: dict[fx.Node, int]
+                        ) -> tuple[set[fx.Node], fx.Node] | None:
+    """f(scores)·V with no softmax around the matmul `second` (ReLU or sigmoid attention): the
+    weights are elementwise ops on Q·Kᵀ, read by nothing else. A query's row of Q and of the
+    output stay in registers, so both are at most MAX_HEAD_DIM wide."""
+    if not _is_batched_matmul(second):
+        return None
+    weights = second.args[0]
+    lineage = (ancestors[weights] | {weights}) - constants
+    for first in sorted((n for n in lineage if _is_batched_matmul(n)), key=order.__getitem__):
+        chain = {n for n in lineage if first in ancestors[n]}
+        if chain and all(op_info(n).kind is OpKind.POINTWISE or _passes(n) for n in chain):
+            break
+    else:
+        return None
+    scores, value = _tensor(first), _tensor(second.args[1])
+    if scores is None or value is None or not _transposed(first.args[1]) or \
+            not scores.is_floating_point() or \
+            max(_tensor(first.args[0]).shape[-1], value.shape[-1]) > MAX_HEAD_DIM or any(
+            _tensor(n) is None or _tensor(n).shape != scores.shape for n in chain):
+        return None
+    return _with_values(first, second, {first, *chain}, chain, scores, ancestors, constants)
+
+
+def _with_values(first: fx.Node, second: fx.Node, nodes: set[fx.Node], chain: set[fx.Node],
+                 scores: torch.Tensor, ancestors: dict[fx.Node, frozenset[fx.Node]],
+                 constants: set[fx.Node]) -> tuple[set[fx.Node], fx.Node] | None:
+    """The claim completed by ·V, and the masks, biases and constants only the scores read; None
+    when V comes from the scores or an intermediate value is read elsewhere."""
     value = second.args[1]
     if value in nodes or first in ancestors[value] or \
             _tensor(second).shape[:-1] != scores.shape[:-1]:
@@ -168,11 +204,15 @@ def claim_attention(graph: fx.Graph, ancestors: dict[fx.Node, frozenset[fx.Node]
     mutations = [order[n] for n in graph.nodes
                  if n.op in ("call_function", "call_method") and op_info(n).inplace]
     claims: list[set[fx.Node]] = []
+    claimed: set[fx.Node] = set()
     for node in list(graph.nodes):
-        if node.op not in ("call_function", "call_method") or op_info(node).name != "softmax":
+        if node.op not in ("call_function", "call_method") or node in claimed:
             continue
-        found = _match_attention(node, ancestors, constants, order)
-        if found is None:
+        if op_info(node).name == "softmax":
+            found = _match_attention(node, ancestors, constants, order)
+        else:
+            found = _match_unnormalized(node, ancestors, constants, order)
+        if found is None or found[0] & claimed:
             continue
         nodes, first = found
         span = [order[n] for n in nodes if n not in constants]
@@ -185,4 +225,5 @@ def claim_attention(graph: fx.Graph, ancestors: dict[fx.Node, frozenset[fx.Node]
             anchor.append(constant)
             anchor = constant
         claims.append(nodes)
+        claimed |= nodes
     return claims

@@ -4,9 +4,11 @@ Each program owns BLOCK_M queries of one (batch, head) and walks the keys BLOCK_
 `tl.dot` makes a tile of fp32 scores, the site's own ops turn it into logits in registers
 (`attention_plan`), and an online softmax keeps a running maximum and sum per query, rescaling
 the fp32 accumulator of P·V whenever the maximum grows; P is rounded to V's dtype for the second
-`tl.dot`, as PyTorch's matmul takes it. Key tiles past a causal mask are not visited, and the
-programs with the most keys start first. A row whose every logit is -inf has no mass: NaN, as
-softmax gives, or 0 for scaled_dot_product_attention, as PyTorch's gives.
+`tl.dot`, as PyTorch's matmul takes it. Where elementwise ops of the scores weigh V with no
+softmax (ReLU attention), their tile is P itself and the accumulator only grows. Key tiles past
+a causal mask are not visited, and the programs with the most keys start first. A row whose
+every logit is -inf has no mass: NaN, as softmax gives, or 0 for scaled_dot_product_attention,
+as PyTorch's gives.
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ def attention_kernel(
 {interpreted_steps}
     else:
 {steps}
-    o = tl.where(l_i[:, None] > 0.0, acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None], {empty})
+{finish}
 {epilogue}
 {stores}
 
@@ -149,6 +151,23 @@ if WIDEN:
 acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt{precision})
 m_i = m_new'''
 
+# Weights that are the logits themselves (no softmax): P·V accumulates as it comes.
+_PLAIN_STEP = '''cols = start + tl.arange(0, BLOCK_N)
+col_ok = cols < S
+kt = tl.load(k_ptr + b * k_sb + h * k_sh + dq[:, None] * k_sd + cols[None, :] * k_sn,
+             mask=(dq < D)[:, None] & col_ok[None, :], other=0.0)
+if WIDEN:
+    kt = kt.to(tl.float32)
+s = tl.dot(q, kt{precision})
+{operands}
+{scores}
+p = tl.where(col_ok[None, :], {logits}, 0.0)
+vt = tl.load(v_ptr + b * v_sb + h * v_sh + cols[:, None] * v_sn + dv[None, :] * v_sd,
+             mask=col_ok[:, None] & (dv < DV)[None, :], other=0.0)
+if WIDEN:
+    vt = vt.to(tl.float32)
+acc = acc + tl.dot(p.to(vt.dtype), vt{precision})'''
+
 _LOAD = ("{name} = tl.load({name}_ptr + b * {name}_sb + h * {name}_sh + rows[:, None] * {name}_sm"
          " + {cols}[None, :] * {name}_sn, mask=row_ok[:, None] & {ok}, other=0).to(tl.float32)")
 
@@ -170,7 +189,7 @@ def write_attention(graph: SiteGraph, config: AttentionConfig) -> str:
     operands = [f"x{i}" for i in range(len(plan.operands))]
     outs = [f"out{k}" for k in range(len(plan.outputs))]
     precision = dot_precision(plan.dtype, config.precision)
-    step = _STEP.format(
+    step = (_STEP if plan.normalized else _PLAIN_STEP).format(
         precision=precision, logits=plan.logits,
         operands="\n".join(_load(n, over) for n, (_, over) in zip(operands, plan.operands,
                                                                     strict=True)
@@ -212,7 +231,8 @@ def write_attention(graph: SiteGraph, config: AttentionConfig) -> str:
                              + [f"{o}_sb, {o}_sh, {o}_sm, {o}_sd," for o in outs], 4),
         bound=indent(bound, 4), interpreted_steps=indent(interpreted, 12),
         steps=indent(steps, 8),
-        empty=plan.empty,
+        finish=("    o = tl.where(l_i[:, None] > 0.0, acc / tl.where(l_i > 0.0, l_i, 1.0)"
+                f"[:, None], {plan.empty})" if plan.normalized else "    o = acc"),
         epilogue=indent("\n".join(epilogue).split("\n"), 4) if epilogue else "",
         stores=indent("\n".join(stores).split("\n"), 4),
         params=", ".join(f"in{i}" for i in range(len(graph.inputs))),

@@ -2,13 +2,14 @@
 
 A site is either scaled_dot_product_attention or attention written out (`core.runtime.
 attention_chain`): Q·Kᵀ, elementwise ops on the scores (a scale, a mask filled with -inf, an
-additive bias), a softmax over the keys, identities and casts, then ·V, and an elementwise
-epilogue. The plan holds the Triton lines that turn a tile of fp32 scores `s` into the logits
-(masks and biases are operands read through their broadcast strides; constants the site builds
-itself from factories are evaluated here and written as expressions of the tile's rows and
-columns), and the causal offset past which every logit is a fill the softmax gives no weight:
-key tiles there are skipped. Only `is_causal` or a mask built inside the site gives one, never a
-mask the site reads as an input, whose values are not known when the kernel is written.
+additive bias), a softmax over the keys (or none: the elementwise ops give the weights),
+identities and casts, then ·V, and an elementwise epilogue. The plan holds the Triton lines that
+turn a tile of fp32 scores `s` into the logits (masks and biases are operands read through their
+broadcast strides; constants the site builds itself from factories are evaluated here and
+written as expressions of the tile's rows and columns), and the causal offset past which every
+logit is a fill the softmax gives no weight: key tiles there are skipped. Only `is_causal` or a
+mask built inside the site gives one, never a mask the site reads as an input, whose values are
+not known when the kernel is written.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class Plan:
     inner_offset: int | None = None
     empty: str = "float('nan')"  # the output of a row whose every score is masked
     scale: str = ""  # forward's expression of the sdpa scale; empty for written-out attention
+    normalized: bool = True  # a softmax of the logits weighs V; else the logits themselves do
 
     def operand(self, ref: Ref, over: str) -> str:
         if (ref, over) not in self.operands:
@@ -99,13 +101,14 @@ def _sdpa_plan(graph: SiteGraph) -> Plan:
 
 
 def _written_plan(graph: SiteGraph) -> Plan:
-    """Attention written out: first matmul, score ops, softmax, passes, second matmul."""
+    """Attention written out: first matmul, score ops, softmax, passes, second matmul; or with
+    no softmax, elementwise weights of the scores (`relu`, `sigmoid`) straight into ·V."""
     names = [op.name for op in graph.ops]
-    if names.count("softmax") != 1:
-        raise Unsupported("not one softmax between two matmuls")
-    soft = names.index("softmax")
     matmuls = [i for i, name in enumerate(names) if name in ("matmul", "bmm")]
-    if len(matmuls) != 2 or not matmuls[0] < soft < matmuls[1]:
+    if len(matmuls) != 2 or names.count("softmax") > 1:
+        raise Unsupported("not two matmuls with at most one softmax between them")
+    soft = names.index("softmax") if "softmax" in names else None
+    if soft is not None and not matmuls[0] < soft < matmuls[1]:
         raise Unsupported("not one softmax between two matmuls")
     first, second = (graph.ops[i] for i in matmuls)
     q, kt = (_input(graph, a, what) for a, what in zip(first.args, ("Q", "Kᵀ"), strict=True))
@@ -118,7 +121,7 @@ def _written_plan(graph: SiteGraph) -> Plan:
     constants = constant_values(graph)
     value: dict[Ref, str] = {Ref(matmuls[0], False): "s"}
     derived = {Ref(matmuls[0], False)}  # values computed from the scores
-    logits = graph.ops[soft].args[0]
+    logits = graph.ops[soft].args[0] if soft is not None else second.args[0]
     feeding = ops_needed(graph, [logits], set()) - set(constants) - {matmuls[0]}
     for i in sorted(feeding):  # ops on masks and biases alone may come before the scores
         op, here = graph.ops[i], Ref(i, False)
@@ -135,8 +138,13 @@ def _written_plan(graph: SiteGraph) -> Plan:
         plan.score_lines.append(f"t{i} = {_elementwise(op, value)}")
         value[here] = f"t{i}"
     if logits not in derived:
-        raise Unsupported("the softmax does not read the scores")
+        raise Unsupported(f"the {'softmax' if soft is not None else 'second matmul'} does not "
+                          "read the scores")
     plan.logits = value[logits]
+    if soft is None:
+        plan.normalized = False
+        _epilogue(graph, plan, {*matmuls, *feeding}, matmuls[1], constants)
+        return plan
     chain = Ref(soft, False)
     for i in range(soft + 1, matmuls[1]):
         op = graph.ops[i]
