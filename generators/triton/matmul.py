@@ -204,9 +204,8 @@ def write_triton_matmul(graph: SiteGraph, config: MatmulConfig) -> str:
             name = f"e{len(operands)}"
             operands[key] = name
             operand_lines.append(f"{name} = {ref.name}.expand({at}.shape).reshape(batch, M, N)")
-            dtype = graph.inputs[ref.index].dtype
             # A mask stays boolean; every other operand joins the fp32 chain.
-            widen = ".to(tl.float32)" if dtype != torch.bool else ""
+            widen = ".to(tl.float32)" if graph.inputs[ref.index].dtype != torch.bool else ""
             loads.extend(_EPILOGUE_LOAD.format(name=name, flag=name.upper(), widen=widen)
                          .splitlines())
             flags.append(name.upper())
@@ -219,9 +218,9 @@ def write_triton_matmul(graph: SiteGraph, config: MatmulConfig) -> str:
         """An epilogue operand, broadcast to stage `at`: an input loaded there, or a value of
         inputs alone computed there from its own inputs loaded there."""
         if ref.is_input:
-            dtype = graph.inputs[ref.index].dtype
-            if not (dtype.is_floating_point or dtype == torch.bool):
-                raise Unsupported(f"input {ref.name} is {dtype}")
+            kind = graph.inputs[ref.index].dtype
+            if not (kind.is_floating_point or kind == torch.bool):
+                raise Unsupported(f"input {ref.name} is {kind}")
             return load(ref, at)
         name = f"w{ref.index}_{at}"
         if name not in side_names:

@@ -167,6 +167,9 @@ class RowReduction:
                 if not self.graph.inputs[ref.index].dtype.is_floating_point:
                     raise Unsupported(f"input {ref.name} is {self.graph.inputs[ref.index].dtype}")
                 self.value[ref] = self._load(ref, at)
+            elif ref not in self.value:
+                raise Unsupported(f"{op.name} of the reduced rows reads {ref.name}, which the "
+                                  "row kernel does not compute")
         self.body.append(f"v{index} = {elementwise(op, self.value)}")
         self.value[here], self.stage[here] = f"v{index}", at
 
