@@ -281,6 +281,7 @@ WRITERS = (
     Writer("reduction", "triton", write_compiled, Schedule, compiled_drafts),
     Writer("matmul", "triton", write_triton_matmul, MatmulConfig, _matmul_drafts),
     Writer("conv", "triton", write_conv_epilogue, PointwiseConfig, _conv_drafts),
+    Writer("conv", "triton", write_compiled, Schedule, compiled_drafts),  # depthwise ones
     Writer("attention", "triton", write_attention, AttentionConfig, attention_drafts),
     Writer("pointwise", "cuda", write_cuda_pointwise, CudaPointwiseConfig,
            _cuda_pointwise_drafts),
@@ -290,6 +291,8 @@ WRITERS = (
     Writer("pointwise", "cuda", write_cuda_compiled, Schedule, compiled_drafts,
            follows="write_compiled"),
     Writer("reduction", "cuda", write_cuda_compiled, Schedule, compiled_drafts,
+           follows="write_compiled"),
+    Writer("conv", "cuda", write_cuda_compiled, Schedule, compiled_drafts,
            follows="write_compiled"),
 )
 

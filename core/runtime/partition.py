@@ -219,7 +219,8 @@ class _Grower:
         reduction = self._reduction_of(region)
         if reduction is not None:
             reduced = parents[0] is reduction or reduction in self.ancestors[parents[0]]
-            return region if reduced and all(shape[d] == 1 for d in dims) else None
+            known = op_info(node).name in _TILE_REDUCTIONS | {"max", "min"}
+            return region if known and reduced and all(shape[d] == 1 for d in dims) else None
         if op_info(node).name not in _TILE_REDUCTIONS or dims != (len(shape) - 1,):
             return None
         same_tile = math.prod(shape) == math.prod(anchor) and shape[-1] == anchor[-1]

@@ -17,6 +17,7 @@ from generators.compiler.index import Expr, Ranges, render
 from generators.compiler.ir import (
     Cast,
     Constant,
+    Coordinate,
     Elementwise,
     Gather,
     Input,
@@ -133,6 +134,8 @@ class ValueEmitter:
             return self.load(value, coords)
         if isinstance(value, Constant):
             return self.constant(value)
+        if isinstance(value, Coordinate):
+            return self.let(self.render(value.index(list(coords))), "i", "index")
         if isinstance(value, Elementwise):
             return self.elementwise(value, coords)
         if isinstance(value, Cast):

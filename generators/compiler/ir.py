@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from generators.compiler.index import Expr, Ranges, reshape
+from generators.compiler.index import Expr, Ranges, mod, reshape
 
 # Reductions, and the value each starts from.
 REDUCTIONS = ("sum", "prod", "amax", "amin", "mean", "var", "argmax", "argmin")
@@ -75,11 +75,13 @@ class Cast(Value):
 @dataclass(eq=False)
 class View(Value):
     """The source's elements at other coordinates: "reshape", "permute" (`dims`: the source
-    dimension of each of ours), "expand" (size-1 source dimensions repeated)."""
+    dimension of each of ours), "expand" (size-1 source dimensions repeated), "window" (the
+    sliding windows of a pooling or a depthwise convolution, `window`)."""
 
     source: Value | None = None
     kind: str = "reshape"
     dims: tuple[int, ...] = ()
+    window: Window | None = None
 
     def operands(self) -> tuple[Value, ...]:
         return (self.source,)
@@ -94,7 +96,62 @@ class View(Value):
             return out
         if self.kind == "expand":
             return broadcast_coords(coords, self.shape, source.shape)
+        if self.kind == "window":
+            assert self.window is not None
+            return self.window.source_coords(coords, source.shape, ranges)
         return reshape(coords, self.shape, source.shape, ranges)
+
+
+@dataclass(frozen=True)
+class Window:
+    """Sliding windows over a source's last `len(stride)` dimensions. The view's shape is the
+    source's leading dimensions, one position a windowed dimension, then one offset a windowed
+    dimension; (.., p, .., k, ..) reads the source at p * stride + k * dilation - padding.
+    Where that falls in the padding, the view reads a valid element instead (wrapped around),
+    which the lowering replaces by the padding's value (`Coordinate` tells where)."""
+
+    stride: tuple[int, ...]
+    padding: tuple[int, ...]
+    dilation: tuple[int, ...]
+
+    def positions(self, coords: list[Expr], lead: int) -> list[Expr]:
+        """The windowed dimensions' source positions, padding not yet taken away."""
+        w = len(self.stride)
+        return [coords[lead + i].scale(self.stride[i]) + coords[lead + w + i].scale(
+            self.dilation[i]) for i in range(w)]
+
+    def source_coords(self, coords: list[Expr], source: tuple[int, ...], ranges: Ranges
+                      ) -> list[Expr]:
+        lead = len(source) - len(self.stride)
+        out = list(coords[:lead])
+        for i, position in enumerate(self.positions(coords, lead)):
+            size, pad = source[lead + i], self.padding[i]
+            out.append(position + (-pad) if pad == 0 else
+                       mod(position + (size - pad), size, ranges))
+        return out
+
+
+@dataclass(eq=False)
+class Missing(Value):
+    """A result the IR does not compute (a max pooling's indices): planning it stops the site."""
+
+    why: str = ""
+
+
+@dataclass(eq=False)
+class Coordinate(Value):
+    """An index of the elements' own coordinates: `scale` times the coordinate along each of
+    `dims` (a pair for a window's position and offset), plus `offset`."""
+
+    dims: tuple[int, ...] = ()
+    scales: tuple[int, ...] = ()
+    offset: int = 0
+
+    def index(self, coords: list[Expr]) -> Expr:
+        total = Expr.of(self.offset)
+        for dim, scale in zip(self.dims, self.scales, strict=True):
+            total = total + coords[dim].scale(scale)
+        return total
 
 
 @dataclass(eq=False)

@@ -30,6 +30,7 @@ from generators.compiler.ir import (
     Value,
     View,
 )
+from generators.compiler.windows import WindowLowering
 from generators.op_table import ELEMENTWISE_OPS
 from generators.site_graph import Unsupported
 
@@ -96,7 +97,7 @@ def _dims(dims: object, rank: int) -> tuple[int, ...]:
     return tuple(sorted({d % rank if rank else 0 for d in listed}))
 
 
-class _Lowering:
+class _Lowering(WindowLowering):
     def __init__(self, gm: fx.GraphModule) -> None:
         self.gm = gm
         self.done: dict[fx.Node, object] = {}

@@ -21,10 +21,12 @@ from generators.compiler.index import Expr, Ranges, linearize, reshape
 from generators.compiler.ir import (
     Cast,
     Constant,
+    Coordinate,
     Elementwise,
     Gather,
     Graph,
     Input,
+    Missing,
     Reduce,
     Scan,
     Value,
@@ -157,7 +159,7 @@ class _Survey:
         if isinstance(value, Input):
             self.loads.append((value, coords))
             return frozenset()
-        if isinstance(value, Constant):
+        if isinstance(value, Constant | Coordinate):
             return frozenset()
         if isinstance(value, Elementwise | Cast):
             return frozenset().union(*(self.visit(operand, tuple(broadcast_coords(
@@ -182,6 +184,8 @@ class _Survey:
         if isinstance(value, Scan):
             self.scans.append((value, coords))
             return self.visit(value.source, coords)
+        if isinstance(value, Missing):
+            raise Unsupported(f"{value.why} (the compiler does not compute it)")
         raise Unsupported(f"no kernel computes a {type(value).__name__}")
 
 

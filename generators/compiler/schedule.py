@@ -22,6 +22,8 @@ from generators.compiler.plan import Kernel
 # tile of fp32 at 8 warps, 256 threads, 64 values a thread).
 MAX_TILE = 16384
 MAX_PERSISTENT_COLUMNS = 16384
+# Elements a persistent program with short rows holds (8 warps, 16 values a thread).
+ROWS_TILE = 4096
 # Fewer rows than this leave an H200's 132 SMs idle unless their loops are split; a loop this
 # long is worth a launch of its own per reduction level.
 FEW_ROWS = 512
@@ -83,7 +85,10 @@ def drafts(kernel: Kernel) -> list[tuple[Schedule, str]]:
     if not kernel.rows_contiguous():
         if loop <= MAX_PERSISTENT_COLUMNS:
             columns = _pow2(loop)
-            block_rows = max(1, min(_pow2(rows), MAX_TILE // columns, 16))
+            # Short loops (a pooling window, a small softmax) take more rows, so that a
+            # program still holds about ROWS_TILE elements.
+            block_rows = max(1, min(_pow2(rows), MAX_TILE // columns,
+                                    max(16, ROWS_TILE // columns)))
             warps = 8 if columns * block_rows >= 4096 else 4
             return [(Schedule(block_rows, columns, warps),
                      f"persistent: each row's {loop} values in registers, {block_rows} row(s) a "

@@ -1,0 +1,136 @@
+"""Sliding windows in the compiler's IR: average and max pooling and depthwise convolution, each a
+window view of its input (`ir.Window`) reduced over the window's offsets.
+
+A window position in the padding reads the padding's value: zero for an average or a
+convolution, -inf for a maximum. The view itself reads a valid element there (its coordinates
+wrap around), and an elementwise `where` on the positions (`ir.Coordinate`) puts the padding's
+value in its place, so no backend needs a masked load of its own for it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from generators.compiler.ir import (
+    Coordinate,
+    Elementwise,
+    Missing,
+    Reduce,
+    Value,
+    View,
+    Window,
+)
+from generators.site_graph import Unsupported
+
+
+def _per_dim(value: object, count: int, default: int) -> tuple[int, ...]:
+    """A pooling or convolution argument for each windowed dimension (an int or a list)."""
+    if value is None or value == []:
+        return (default,) * count
+    listed = [value] if isinstance(value, int) else list(value)
+    return tuple(listed * count if len(listed) == 1 else listed)
+
+
+def windowed(source: Value, kernel: Sequence[int], stride: Sequence[int],
+             padding: Sequence[int], dilation: Sequence[int], fill: float) -> Value:
+    """The windows of `source` over its last len(kernel) dimensions, shaped (leading dims,
+    positions, offsets), with `fill` where a window reaches into the padding."""
+    w = len(kernel)
+    lead = tuple(source.shape[:-w])
+    sizes = source.shape[-w:]
+    out = tuple((size + 2 * p - d * (k - 1) - 1) // s + 1
+                for size, k, s, p, d in zip(sizes, kernel, stride, padding, dilation, strict=True))
+    if any(o <= 0 for o in out):
+        raise Unsupported(f"a window larger than its padded input ({tuple(sizes)})")
+    shape = lead + out + tuple(kernel)
+    view = View(shape, source.dtype, source=source, kind="window",
+                window=Window(tuple(stride), tuple(padding), tuple(dilation)))
+    if not any(padding):
+        return view
+    inside: Value | None = None
+    for i, (size, s, p, d) in enumerate(zip(sizes, stride, padding, dilation, strict=True)):
+        position = Coordinate(shape, torch.int64, dims=(len(lead) + i, len(lead) + w + i),
+                              scales=(s, d), offset=-p)
+        low = Elementwise(shape, torch.bool, op="ge", args=(position, 0))
+        high = Elementwise(shape, torch.bool, op="lt", args=(position, size))
+        here = Elementwise(shape, torch.bool, op="logical_and", args=(low, high))
+        inside = here if inside is None else Elementwise(shape, torch.bool, op="logical_and",
+                                                         args=(inside, here))
+    return Elementwise(shape, source.dtype, op="where", args=(inside, view, fill))
+
+
+def _offsets(window: Value, count: int) -> tuple[int, ...]:
+    return tuple(range(len(window.shape) - count, len(window.shape)))
+
+
+class WindowLowering:
+    """The `lower_*` handlers of windowed ATen ops, mixed into the compiler's lowering."""
+
+    def pool_arguments(self, node, dims: int, dilated: bool) -> tuple[tuple[int, ...], ...]:
+        """Kernel, stride, padding and dilation of an aten pooling `node`."""
+        names = ["kernel_size", "stride", "padding"] + (["dilation"] if dilated else [])
+        found = dict(zip(names, node.args[1:], strict=False)) | dict(node.kwargs)
+        kernel = _per_dim(found.get("kernel_size"), dims, 1)
+        stride = found.get("stride")
+        stride = _per_dim(stride, dims, 1) if stride not in (None, []) else kernel
+        padding = _per_dim(found.get("padding"), dims, 0)
+        dilation = _per_dim(found.get("dilation"), dims, 1)
+        ceil_mode = (list(node.args) + [False] * 6)[len(names) + 1] or \
+            node.kwargs.get("ceil_mode", False)
+        if ceil_mode:
+            raise Unsupported("pooling with ceil_mode (windows past the input's end)")
+        return kernel, stride, padding, dilation
+
+    def average_pool(self, node, shape, dtype, dims: int) -> Value:
+        source = self.value(node.args[0])
+        kernel, stride, padding, dilation = self.pool_arguments(node, dims, False)
+        args = list(node.args) + [None] * 7
+        count_include_pad = node.kwargs.get("count_include_pad", args[5])
+        override = node.kwargs.get("divisor_override", args[6])
+        divisor = override or math.prod(kernel)
+        if any(padding) and count_include_pad is False and not override:
+            raise Unsupported("average pooling without the padding in its count")
+        window = windowed(source, kernel, stride, padding, dilation, 0.0)
+        total = Reduce(shape, dtype, source=window, kind="sum", dims=_offsets(window, dims))
+        return Elementwise(shape, dtype, op="div", args=(total, float(divisor)))
+
+    def lower_avg_pool2d(self, node, shape, dtype) -> Value:
+        return self.average_pool(node, shape, dtype, 2)
+
+    def lower_avg_pool3d(self, node, shape, dtype) -> Value:
+        return self.average_pool(node, shape, dtype, 3)
+
+    def max_pool(self, node, shape, dtype, dims: int) -> tuple[Value, Value]:
+        source = self.value(node.args[0])
+        window = windowed(source, *self.pool_arguments(node, dims, True), -math.inf)
+        values = Reduce(shape, dtype, source=window, kind="amax", dims=_offsets(window, dims))
+        return values, Missing(shape, torch.int64, why="the indices of a max pooling")
+
+    def lower_max_pool2d_with_indices(self, node, shape, dtype) -> tuple[Value, Value]:
+        return self.max_pool(node, tuple(node.meta["val"][0].shape), dtype, 2)
+
+    def lower_max_pool3d_with_indices(self, node, shape, dtype) -> tuple[Value, Value]:
+        return self.max_pool(node, tuple(node.meta["val"][0].shape), dtype, 3)
+
+    def lower_convolution(self, node, shape, dtype) -> Value:
+        """A depthwise convolution (each channel with its own filter); cuDNN keeps the rest."""
+        source, weight, bias = (self.value(a) for a in node.args[:3])
+        stride, padding, dilation, transposed, _, groups = node.args[3:9]
+        dims = len(weight.shape) - 2
+        channels = source.shape[1]
+        if transposed or groups != channels or tuple(weight.shape[:2]) != (channels, 1):
+            raise Unsupported("a convolution that is not depthwise (cuDNN keeps it)")
+        kernel = tuple(weight.shape[2:])
+        window = windowed(source, kernel, _per_dim(stride, dims, 1), _per_dim(padding, dims, 0),
+                          _per_dim(dilation, dims, 1), 0.0)
+        filters = View((channels,) + (1,) * dims + kernel, weight.dtype, source=weight,
+                       kind="reshape")
+        products = Elementwise(window.shape, dtype, op="mul", args=(window, filters))
+        out = Reduce(shape, dtype, source=products, kind="sum", dims=_offsets(products, dims))
+        if bias is None:
+            return out
+        per_channel = View((channels,) + (1,) * dims, bias.dtype, source=bias, kind="reshape")
+        return Elementwise(shape, dtype, op="add", args=(out, per_channel))
