@@ -122,6 +122,8 @@ WINDOW_CASES = [
     Case("x", "F.max_pool2d(x, 2, dilation=2, padding=1)", "torch.randn(2, 3, 9, 11)"),
     Case("x", "F.avg_pool3d(x, 2)", "torch.randn(2, 3, 4, 6, 6)"),
     Case("x", "F.max_pool1d(torch.relu(x), 3, 2)", "torch.randn(2, 3, 17)"),
+    Case("x", "F.adaptive_avg_pool2d(x, (2, 3))", "torch.randn(2, 3, 8, 9)"),
+    Case("x", "F.adaptive_max_pool2d(x, 2) * 2.0", "torch.randn(2, 3, 8, 6)"),
     Case("x, w, b", "F.relu(F.conv2d(x, w, b, stride=2, padding=1, groups=4))",
          "torch.randn(2, 4, 9, 10), torch.randn(4, 1, 3, 3), torch.randn(4)"),
 ]

@@ -44,7 +44,8 @@ REDUCTION_NAMES = frozenset(
     cumprod var_mean std_mean mse_loss l1_loss smooth_l1_loss huber_loss kl_div cross_entropy
     nll_loss binary_cross_entropy binary_cross_entropy_with_logits hinge_embedding_loss
     soft_margin_loss cosine_similarity avg_pool1d avg_pool2d avg_pool3d max_pool1d max_pool2d
-    max_pool3d""".split()
+    max_pool3d adaptive_avg_pool1d adaptive_avg_pool2d adaptive_avg_pool3d adaptive_max_pool1d
+    adaptive_max_pool2d adaptive_max_pool3d""".split()
 )
 # Reductions that return a tuple of tensors (`max(x, dim)` gives values and indices).
 TUPLE_REDUCTIONS = frozenset("max min var_mean std_mean aminmax".split())

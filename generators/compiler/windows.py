@@ -1,5 +1,6 @@
-"""Sliding windows in the compiler's IR: average and max pooling and depthwise convolution, each a
-window view of its input (`ir.Window`) reduced over the window's offsets.
+"""Sliding windows in the compiler's IR: average and max pooling (adaptive ones too, where their
+windows are even) and depthwise convolution, each a window view of its input (`ir.Window`)
+reduced over the window's offsets.
 
 A window position in the padding reads the padding's value: zero for an average or a
 convolution, -inf for a maximum. The view itself reads a valid element there (its coordinates
@@ -114,6 +115,30 @@ class WindowLowering:
 
     def lower_max_pool3d_with_indices(self, node, shape, dtype) -> tuple[Value, Value]:
         return self.max_pool(node, tuple(node.meta["val"][0].shape), dtype, 3)
+
+    def adaptive(self, node, shape, dtype, kind: str) -> Value:
+        """An adaptive pooling whose output sizes divide the input's: even windows, a pooling
+        with kernel and stride the ratio."""
+        source = self.value(node.args[0])
+        out = tuple(shape[len(shape) - len(node.args[1]):])
+        sizes = tuple(source.shape[len(source.shape) - len(out):])
+        if any(size % o for size, o in zip(sizes, out, strict=True)):
+            raise Unsupported(f"adaptive pooling of {sizes} to {out}: uneven windows")
+        ratio = tuple(size // o for size, o in zip(sizes, out, strict=True))
+        fill = -math.inf if kind == "amax" else 0.0
+        window = windowed(source, ratio, ratio, (0,) * len(out), (1,) * len(out), fill)
+        return Reduce(shape, dtype, source=window, kind=kind, dims=_offsets(window, len(out)))
+
+    def lower__adaptive_avg_pool2d(self, node, shape, dtype) -> Value:
+        return self.adaptive(node, shape, dtype, "mean")
+
+    lower__adaptive_avg_pool3d = lower__adaptive_avg_pool2d
+
+    def lower_adaptive_max_pool2d(self, node, shape, dtype) -> tuple[Value, Value]:
+        values = self.adaptive(node, tuple(node.meta["val"][0].shape), dtype, "amax")
+        return values, Missing(values.shape, torch.int64, why="the indices of a max pooling")
+
+    lower_adaptive_max_pool3d = lower_adaptive_max_pool2d
 
     def lower_convolution(self, node, shape, dtype) -> Value:
         """A depthwise convolution (each channel with its own filter); cuDNN keeps the rest."""
