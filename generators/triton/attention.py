@@ -128,6 +128,7 @@ def _strides(t, shape):
     return (0,) * (4 - len(strides)) + tuple(strides)
 '''
 
+# A step over BLOCK_N keys: the scores' tile and its logits, then V's tile weighed by P.
 _STEP = '''cols = start + tl.arange(0, BLOCK_N)
 col_ok = cols < S
 kt = tl.load(k_ptr + b * k_sb + h * k_sh + dq[:, None] * k_sd + cols[None, :] * k_sn,
@@ -137,36 +138,25 @@ if WIDEN:
 s = tl.dot(q, kt{precision})
 {operands}
 {scores}
-x = tl.where(col_ok[None, :], {logits}, float("-inf"))
+{weights}
+vt = tl.load(v_ptr + b * v_sb + h * v_sh + cols[:, None] * v_sn + dv[None, :] * v_sd,
+             mask=col_ok[:, None] & (dv < DV)[None, :], other=0.0)
+if WIDEN:
+    vt = vt.to(tl.float32)
+{accumulate}'''
+
+# The online softmax: P from the running maximum, the accumulator rescaled when it grows.
+_SOFTMAX = ('''x = tl.where(col_ok[None, :], {logits}, float("-inf"))
 m_new = tl.maximum(m_i, tl.max(x, 1))
 # A row with no unmasked logit yet subtracts 0, so that its exp is 0 rather than NaN.
 m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
 alpha = tl.exp(m_i - m_ref)
 p = tl.exp(x - m_ref[:, None])
-l_i = l_i * alpha + tl.sum(p, 1)
-vt = tl.load(v_ptr + b * v_sb + h * v_sh + cols[:, None] * v_sn + dv[None, :] * v_sd,
-             mask=col_ok[:, None] & (dv < DV)[None, :], other=0.0)
-if WIDEN:
-    vt = vt.to(tl.float32)
-acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt{precision})
-m_i = m_new'''
-
+l_i = l_i * alpha + tl.sum(p, 1)''',
+            "acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt{precision})\nm_i = m_new")
 # Weights that are the logits themselves (no softmax): P·V accumulates as it comes.
-_PLAIN_STEP = '''cols = start + tl.arange(0, BLOCK_N)
-col_ok = cols < S
-kt = tl.load(k_ptr + b * k_sb + h * k_sh + dq[:, None] * k_sd + cols[None, :] * k_sn,
-             mask=(dq < D)[:, None] & col_ok[None, :], other=0.0)
-if WIDEN:
-    kt = kt.to(tl.float32)
-s = tl.dot(q, kt{precision})
-{operands}
-{scores}
-p = tl.where(col_ok[None, :], {logits}, 0.0)
-vt = tl.load(v_ptr + b * v_sb + h * v_sh + cols[:, None] * v_sn + dv[None, :] * v_sd,
-             mask=col_ok[:, None] & (dv < DV)[None, :], other=0.0)
-if WIDEN:
-    vt = vt.to(tl.float32)
-acc = acc + tl.dot(p.to(vt.dtype), vt{precision})'''
+_PLAIN = ("p = tl.where(col_ok[None, :], {logits}, 0.0)",
+          "acc = acc + tl.dot(p.to(vt.dtype), vt{precision})")
 
 _LOAD = ("{name} = tl.load({name}_ptr + b * {name}_sb + h * {name}_sh + rows[:, None] * {name}_sm"
          " + {cols}[None, :] * {name}_sn, mask=row_ok[:, None] & {ok}, other=0).to(tl.float32)")
@@ -189,8 +179,10 @@ def write_attention(graph: SiteGraph, config: AttentionConfig) -> str:
     operands = [f"x{i}" for i in range(len(plan.operands))]
     outs = [f"out{k}" for k in range(len(plan.outputs))]
     precision = dot_precision(plan.dtype, config.precision)
-    step = (_STEP if plan.normalized else _PLAIN_STEP).format(
-        precision=precision, logits=plan.logits,
+    weights, accumulate = _SOFTMAX if plan.normalized else _PLAIN
+    step = _STEP.format(
+        precision=precision, weights=weights.format(logits=plan.logits),
+        accumulate=accumulate.format(precision=precision),
         operands="\n".join(_load(n, over) for n, (_, over) in zip(operands, plan.operands,
                                                                     strict=True)
                            if over == SCORES),
