@@ -15,6 +15,7 @@ from tests.compiler_cases import (
     NORM_CASES,
     REDUCTION_CASES,
     SCAN_CASES,
+    WINDOW_CASES,
     Case,
     check,
 )
@@ -59,4 +60,9 @@ def test_losses_over_a_whole_tensor(tmp_path, case):
 
 @pytest.mark.parametrize("case", ELEMENTWISE_CASES, ids=_ids(ELEMENTWISE_CASES))
 def test_elementwise_chains_and_broadcasts(tmp_path, case):
+    check(tmp_path / "site", case, write_program)
+
+
+@pytest.mark.parametrize("case", WINDOW_CASES, ids=_ids(WINDOW_CASES))
+def test_pooling_and_depthwise_convolution_windows(tmp_path, case):
     check(tmp_path / "site", case, write_program)
