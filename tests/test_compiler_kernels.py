@@ -8,6 +8,7 @@ import pytest
 
 from generators.triton.program import write_program
 from tests.compiler_cases import (
+    ALL_CASES,
     ARG_CASES,
     ELEMENTWISE_CASES,
     FUSED_CASES,
@@ -66,3 +67,9 @@ def test_elementwise_chains_and_broadcasts(tmp_path, case):
 @pytest.mark.parametrize("case", WINDOW_CASES, ids=_ids(WINDOW_CASES))
 def test_pooling_and_depthwise_convolution_windows(tmp_path, case):
     check(tmp_path / "site", case, write_program)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ALL_CASES, ids=_ids(ALL_CASES))
+def test_every_case_matches_pytorch_on_the_gpu(tmp_path, case):
+    check(tmp_path / "site", case, write_program, device="cuda")
