@@ -30,7 +30,7 @@ def write(path: Path, body: str, inputs: list[str], dtype: torch.dtype = torch.f
 
 def check(path: Path, config: MatmulConfig = SMALL) -> str:
     graph = load_site_graph(path)
-    assert graph.ops[0].kind.value == "pointwise", "the prologue is part of the matmul's site"
+    assert graph.ops[0].kind.value != "matmul", "the prologue is part of the matmul's site"
     source = write_triton_matmul(graph, config)
     actual, expected = run_beside_problem(source, path, 2)
     assert_matches(actual, expected, path.read_text())
@@ -53,6 +53,29 @@ def check(path: Path, config: MatmulConfig = SMALL) -> str:
 def test_prologues_on_each_anchor_match_pytorch(body, inputs, tmp_path):
     source = check(write(tmp_path / "problem.py", body, inputs))
     assert "def row_kernel" not in source and "a_in = a.to(tl.float32)" in source
+
+
+@pytest.mark.parametrize(("body", "inputs"), [
+    # A layer norm with its affine, then GELU, into a linear: rows of 37 values, shifted.
+    ("F.linear(F.gelu(F.layer_norm(in0, (37,), in1, in2)), in3, in4)",
+     ["(torch.randn(2, 19, 37) * 3 + 1)", "torch.randn(37)", "torch.randn(37)",
+      "torch.randn(45, 37)", "torch.randn(45)"]),
+    # Without the affine, into mm.
+    ("torch.mm(F.layer_norm(in0, (70,)), in1)", ["torch.randn(21, 70)", "torch.randn(70, 9)"]),
+    # RMS norm with a weight and its own eps.
+    ("F.linear(F.rms_norm(in0, (40,), in1, eps=1e-3), in2)",
+     ["torch.randn(3, 7, 40)", "torch.randn(40)", "torch.randn(33, 40)"]),
+])
+def test_a_norm_of_the_operands_rows_is_applied_to_its_tiles(body, inputs, tmp_path):
+    source = check(write(tmp_path / "problem.py", body, inputs))
+    assert "def row_stats_kernel(" in source and "row_rstd" in source
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_norm_prologue(dtype, tmp_path):
+    path = write(tmp_path / "problem.py", "F.linear(F.layer_norm(in0, (48,), in1), in2)",
+                 ["torch.randn(4, 9, 48)", "torch.randn(48)", "torch.randn(24, 48)"], dtype)
+    check(path)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

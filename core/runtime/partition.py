@@ -199,7 +199,10 @@ class _Grower:
         return shape is None or reduced is None or math.prod(shape) > math.prod(reduced)
 
     def _reduction_of(self, region: Region) -> fx.Node | None:
-        return next((m for m in region.nodes if op_info(m).kind is OpKind.REDUCTION), None)
+        """The reduction of a matmul region's output rows (not a norm of its operand)."""
+        anchor = _anchor_of(region)
+        return next((m for m in region.nodes if op_info(m).kind is OpKind.REDUCTION
+                     and anchor in self.ancestors[m]), None)
 
     def _joins_matmul(self, node: fx.Node) -> Region | None:
         """The open matmul region whose tiles `node` can reduce: a reduction of one of the
@@ -213,7 +216,7 @@ class _Grower:
         if region is None or region.family != "matmul":
             return None
         dims, shape = reduced_dims(node), _shape(parents[0])
-        anchor = _shape(next(m for m in region.nodes if op_info(m).kind is OpKind.MATMUL))
+        anchor = _shape(_anchor_of(region))
         if dims is None or shape is None or anchor is None or not anchor:
             return None
         reduction = self._reduction_of(region)
@@ -272,16 +275,19 @@ class _Grower:
 
     def add_matmul(self, node: fx.Node, name: str) -> None:
         """A matmul region, taking the elementwise chain that computes its left operand and
-        nothing else (the prologue, applied to each tile of the operand as it is loaded): the
-        chain has the operand's shape, one of its inputs is a tensor of that shape and dtype
-        (the one the kernel walks), and only the matmul reads what it makes."""
+        nothing else (the prologue, applied to each tile of the operand as it is loaded), or a
+        layer or RMS norm of that operand's rows with the elementwise ops after it (each row's
+        statistics come first, the tiles are normalized as they are loaded): the chain has the
+        operand's shape, one of its inputs is a tensor of that shape and dtype (the one the
+        kernel walks), and only the matmul reads what it makes."""
         region = self._new("matmul", node)
         position = 1 if name in ("addmm", "baddbmm") else 0
         operand = node.args[position] if len(node.args) > position else None
         if not isinstance(operand, fx.Node):
             return
         prologue = self._open(self.region_of.get(operand))
-        if prologue is None or prologue.family != "pointwise" or list(operand.users) != [node]:
+        if prologue is None or list(operand.users) != [node] or not (
+                prologue.family == "pointwise" or _row_norm_first(prologue)):
             return
         members = set(prologue.nodes)
         if any(u not in members for m in prologue.nodes if m is not operand for u in m.users):
@@ -365,6 +371,23 @@ class _Grower:
             for node in dangling:
                 region.nodes.remove(node)
                 del self.region_of[node]
+
+
+def _anchor_of(region: Region) -> fx.Node:
+    """A matmul region's matmul (after its prologue, if it has one)."""
+    return next(m for m in region.nodes if op_info(m).kind is OpKind.MATMUL)
+
+
+def _row_norm_first(region: Region) -> bool:
+    """Whether `region` is a layer or RMS norm over the last dimension of a value from outside,
+    then elementwise ops: a matmul can normalize its operand's tiles from each row's
+    statistics."""
+    norm, rest = region.nodes[0], region.nodes[1:]
+    info = op_info(norm)
+    shape = norm.args[1] if len(norm.args) > 1 else norm.kwargs.get("normalized_shape")
+    last = isinstance(shape, int) or (isinstance(shape, tuple | list) and len(shape) == 1)
+    return (region.family == "reduction" and info.name in ("layer_norm", "rms_norm") and last
+            and all(op_info(m).kind is OpKind.POINTWISE for m in rest))
 
 
 def _picks(node: fx.Node) -> bool:

@@ -335,7 +335,7 @@ def write_triton_matmul(graph: SiteGraph, config: MatmulConfig) -> str:
         block_m=config.block_m, block_n=config.block_n, block_k=config.block_k,
         group_m=config.group_m, num_warps=config.num_warps, num_stages=config.num_stages,
         returns=", ".join(returns),
-        row_kernel=row_kernel,
+        row_kernel=(prologue.kernels() if prologue else "") + row_kernel,
         row_launch=_indent(row_launch, 8),
     )
     source = "\n".join(line for line in source.split("\n") if line.strip() != _EMPTY)

@@ -11,11 +11,45 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+import torch
+
 from generators.site_graph import Op, Ref, SiteGraph, Unsupported
 from generators.triton.expressions import elementwise
 
+NORMS = ("layer_norm", "rms_norm")
 # The left operand's position in each anchor's arguments.
 LEFT = {"linear": 0, "mm": 0, "bmm": 0, "matmul": 0, "addmm": 1, "baddbmm": 1}
+
+
+# Each row's statistics for a norm prologue, before the product: one fp32 pass for RMS norm,
+# two for layer norm (the mean, then the squares of the values around it).
+STATS_KERNEL = '''
+
+@triton.jit
+def row_stats_kernel(
+    x_ptr, stats_ptr, ROWS, M, x_sb, x_sm, x_sk, EPS,
+    K: tl.constexpr, RMS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < ROWS
+    base = (rows // M).to(tl.int64) * x_sb + (rows % M) * x_sm
+    ks = tl.arange(0, BLOCK_K)
+    mean = tl.zeros((BLOCK_R,), tl.float32)
+    if not RMS:
+        for k0 in range(0, K, BLOCK_K):
+            x = tl.load(x_ptr + base[:, None] + (k0 + ks)[None, :] * x_sk,
+                        mask=row_ok[:, None] & (k0 + ks < K)[None, :], other=0.0)
+            mean += tl.sum(x.to(tl.float32), 1)
+        mean = mean / K
+    squares = tl.zeros((BLOCK_R,), tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        inside = row_ok[:, None] & (k0 + ks < K)[None, :]
+        x = tl.load(x_ptr + base[:, None] + (k0 + ks)[None, :] * x_sk, mask=inside, other=0.0)
+        centered = tl.where(inside, x.to(tl.float32) - mean[:, None], 0.0)
+        squares += tl.sum(centered * centered, 1)
+    tl.store(stats_ptr + rows * 2, mean, mask=row_ok)
+    tl.store(stats_ptr + rows * 2 + 1, 1.0 / tl.sqrt(squares / K + EPS), mask=row_ok)
+'''
 
 
 @dataclass
@@ -26,21 +60,41 @@ class Prologue:
     operands: dict[int, str] = field(default_factory=dict)  # input index → operand name
     body: list[str] = field(default_factory=list)
     result: str = ""
+    norm: str = ""  # "layer_norm" or "rms_norm" of the carrier's rows, first; else none
+    eps: float = 0.0
 
     def forward_lines(self) -> list[str]:
-        """The other inputs, broadcast to the carrier and laid out as `a` is."""
-        return [f"{name} = in{index}.expand({self.carrier.name}.shape).reshape(a.shape)"
-                for index, name in self.operands.items()]
+        """The other inputs, broadcast to the carrier and laid out as `a` is; each row's
+        statistics where the prologue starts with a norm."""
+        lines = [f"{name} = in{index}.expand({self.carrier.name}.shape).reshape(a.shape)"
+                 for index, name in self.operands.items()]
+        if self.norm:
+            lines += ["stats = torch.empty((batch * M, 2), device=a.device, dtype=torch.float32)",
+                      "row_stats_kernel[(triton.cdiv(batch * M, 16),)](",
+                      f"    a, stats, batch * M, M, *a.stride(), {self.eps!r}, K=K,",
+                      f"    RMS={self.norm == 'rms_norm'}, BLOCK_R=16,",
+                      "    BLOCK_K=min(128, triton.next_power_of_2(K)),",
+                      ")"]
+        return lines
 
     def params(self) -> list[str]:
-        return [f"{n}_ptr, {n}_sb, {n}_sm, {n}_sk," for n in self.operands.values()]
+        return [f"{n}_ptr, {n}_sb, {n}_sm, {n}_sk," for n in self.operands.values()] + (
+            ["stats_ptr,"] if self.norm else [])
 
     def args(self) -> list[str]:
-        return [f"{n}, *{n}.stride()," for n in self.operands.values()]
+        return [f"{n}, *{n}.stride()," for n in self.operands.values()] + (
+            ["stats,"] if self.norm else [])
 
     def tiles(self) -> list[str]:
-        return [f"{n}_tile = {n}_ptr + batch * {n}_sb + (rows % M)[:, None] * {n}_sm + "
-                f"ks[None, :] * {n}_sk" for n in self.operands.values()]
+        lines = [f"{n}_tile = {n}_ptr + batch * {n}_sb + (rows % M)[:, None] * {n}_sm + "
+                 f"ks[None, :] * {n}_sk" for n in self.operands.values()]
+        if self.norm:
+            lines += ["row_mean = tl.load(stats_ptr + (batch * M + rows % M) * 2)[:, None]",
+                      "row_rstd = tl.load(stats_ptr + (batch * M + rows % M) * 2 + 1)[:, None]"]
+        return lines
+
+    def kernels(self) -> str:
+        return STATS_KERNEL if self.norm else ""
 
     def loop_lines(self) -> list[str]:
         """In the K loop, after `a` is loaded: the chain, then `a` replaced by its result."""
@@ -53,6 +107,28 @@ class Prologue:
                 # interpreter (WIDEN), which rounds fp32 to bf16 by truncation.
                 "if not WIDEN:",
                 "    a = a.to(a_ptr.dtype.element_ty)", *steps]
+
+
+def _normalized(op: Op, prologue: Prologue, value: dict[Ref, str],
+                shape: tuple[int, ...]) -> str:
+    """A layer or RMS norm of the carrier's rows, from their statistics, with its affine."""
+    layer = op.name == "layer_norm"
+    normalized = op.kwarg("normalized_shape", op.args[1] if len(op.args) > 1 else None)
+    if op.args[0] != prologue.carrier or tuple(normalized or ()) != shape[-1:]:
+        raise Unsupported(f"{op.name} of more than the rows of the matmul's operand")
+    weight = op.kwarg("weight", op.args[2] if len(op.args) > 2 else None)
+    bias = op.kwarg("bias", op.args[3] if len(op.args) > 3 else None) if layer else None
+    eps = op.kwarg("eps", op.args[4 if layer else 3] if len(op.args) > (4 if layer else 3)
+                   else None)
+    prologue.norm = op.name
+    prologue.eps = float(eps if eps is not None else 1e-5 if layer
+                         else torch.finfo(op.out.dtype).eps)
+    text = "(a_in - row_mean) * row_rstd" if layer else "a_in * row_rstd"
+    if isinstance(weight, Ref):
+        text = f"{text} * {value[weight]}"
+    if isinstance(bias, Ref):
+        text = f"{text} + {value[bias]}"
+    return text
 
 
 def split(graph: SiteGraph) -> tuple[int, Op, Prologue | None]:
@@ -83,7 +159,8 @@ def split(graph: SiteGraph) -> tuple[int, Op, Prologue | None]:
     prologue = Prologue(carrier)
     value: dict[Ref, str] = {carrier: "a_in"}
     for i, op in enumerate(graph.ops[:top]):
-        if op.kind.value != "pointwise" or tuple(op.out.shape) != shape:
+        norm = i == 0 and op.name in NORMS
+        if not (norm or op.kind.value == "pointwise") or tuple(op.out.shape) != shape:
             raise Unsupported(f"{op.name} before the matmul is not elementwise on its operand")
         for ref in reads(op):
             if ref in value:
@@ -92,7 +169,8 @@ def split(graph: SiteGraph) -> tuple[int, Op, Prologue | None]:
                 raise Unsupported(f"input {ref.name} of the prologue is "
                                   f"{graph.inputs[ref.index].dtype}")
             prologue.operands[ref.index] = value[ref] = f"p{len(prologue.operands)}"
-        prologue.body.append(f"u{i} = {elementwise(op, value)}")
+        line = _normalized(op, prologue, value, shape) if norm else elementwise(op, value)
+        prologue.body.append(f"u{i} = {line}")
         value[Ref(i, False)] = f"u{i}"
     if operand not in value:
         raise Unsupported(f"the prologue does not compute {anchor.name}'s left operand")
