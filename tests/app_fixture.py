@@ -35,7 +35,8 @@ from store import Store, open_reader
 REPO = Path(__file__).resolve().parents[1]
 
 # Small enough that the Triton interpreter judges each kernel in seconds on one core.
-MODEL_SOURCE = '''"""A small MLP block: layer norm, up projection, GELU, down projection."""
+MODEL_SOURCE = '''"""A small post-norm MLP block: up projection, GELU, down projection, residual,
+layer norm (a site of its own)."""
 
 import torch
 import torch.nn as nn
@@ -50,7 +51,7 @@ class Model(nn.Module):
         self.down = nn.Linear(64, 32)
 
     def forward(self, x):
-        return x + self.down(F.gelu(self.up(self.norm(x)))) * 0.5
+        return self.norm(x + self.down(F.gelu(self.up(x))) * 0.5)
 
 
 def get_inputs():

@@ -8,7 +8,8 @@ import torch.nn.functional as F
 
 
 class MLPBlock(nn.Module):
-    """LayerNorm, linear + GELU, linear, residual: the shape of a transformer MLP."""
+    """Linear + GELU, linear, residual, LayerNorm: the shape of a post-norm (BERT-style)
+    transformer MLP, whose norm is a site of its own."""
 
     def __init__(self, hidden: int = 32) -> None:
         super().__init__()
@@ -17,7 +18,7 @@ class MLPBlock(nn.Module):
         self.down = nn.Linear(4 * hidden, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(F.gelu(self.up(self.norm(x))))
+        return self.norm(x + self.down(F.gelu(self.up(x))))
 
 
 class StackedMLP(nn.Module):

@@ -27,7 +27,8 @@ def test_json_report_ranks_sites_and_accounts_for_the_model_time(tmp_path):
     assert report["device"] == "cpu" and "CPU" in report["timing"]
     assert report["total_ms"] > 0
     sites = report["sites"]
-    assert {s["family"] for s in sites} == {"reduction", "matmul"}
+    # The example's norm only feeds its first projection: one matmul site normalizes its rows.
+    assert [s["family"] for s in sites] == ["matmul", "matmul"]
     for site in sites:
         assert set(site) >= {"id", "family", "signature", "calls", "share", "time_ms", "floor_ms"}
         assert 0 <= site["share"] <= 1.5 and site["calls"] == 1 and site["floor_ms"] > 0

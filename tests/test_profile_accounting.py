@@ -40,7 +40,9 @@ def test_the_marks_own_cost_is_taken_out(tmp_path, monkeypatch):
     monkeypatch.setattr(Recorder, "mark", dear_mark)
     report = profile(tmp_path)
     assert report["mark_ms"] >= 0.08
-    assert report["instrumented_ms"] > 1.5 * report["captured_ms"], "the marks cost nothing"
+    # A forward makes several marks: at least two marks' cost must show.
+    assert report["instrumented_ms"] > report["captured_ms"] + 2 * report["mark_ms"], (
+        "the marks cost nothing")
     assert report["accounted_ms"] == pytest.approx(report["captured_ms"], rel=0.10)
 
 
