@@ -69,6 +69,8 @@ def test_the_first_draft_is_judged_correct(params, body, inputs, tmp_path):
     ("x", "F.avg_pool2d(x, 3, 1, 1, count_include_pad=False)", "torch.randn(1, 2, 5, 5)",
      "without the padding in its count"),
     ("x", "F.adaptive_avg_pool2d(x, 3)", "torch.randn(1, 2, 8, 8)", "uneven windows"),
+    ("x, w", "F.conv2d(x, w, padding=3, groups=2)", "torch.randn(1, 2, 2, 2), "
+     "torch.randn(2, 1, 3, 3)", "as wide as the input"),
 ])
 def test_what_the_windows_cannot_compute_is_declined_with_the_reason(params, body, inputs,
                                                                      reason, tmp_path):

@@ -46,6 +46,9 @@ def windowed(source: Value, kernel: Sequence[int], stride: Sequence[int],
                 for size, k, s, p, d in zip(sizes, kernel, stride, padding, dilation, strict=True))
     if any(o <= 0 for o in out):
         raise Unsupported(f"a window larger than its padded input ({tuple(sizes)})")
+    if any(p >= size for p, size in zip(padding, sizes, strict=True)):
+        # The view wraps a padded position once into the input: it must land inside it.
+        raise Unsupported(f"padding {tuple(padding)} as wide as the input ({tuple(sizes)})")
     shape = lead + out + tuple(kernel)
     view = View(shape, source.dtype, source=source, kind="window",
                 window=Window(tuple(stride), tuple(padding), tuple(dilation)))
