@@ -14,19 +14,14 @@ from dataclasses import dataclass
 
 import torch
 
-from generators.codegen import BROADCAST_SHAPE_HELPER
+from generators.codegen import BROADCAST_SHAPE_HELPER, op_refs
 from generators.site_graph import Op, Ref, SiteGraph, Unsupported
 from generators.triton.expressions import elementwise, tl_dtype, with_jit_helpers
-from generators.triton.matmul_anchor import prepare_operands
+from generators.triton.matmul_anchor import IDENTITY_VIEWS, SHAPE_VIEWS, prepare_operands, viewed
 from generators.triton.matmul_prologue import split
 from generators.triton.matmul_rows import RowReduction, partial_lines
 from generators.triton.precision import DESCRIBED, check_precision, dot_precision
 
-# Views that change shape but keep the element order; emitted as the same tensor method.
-SHAPE_VIEWS = frozenset({"view", "reshape", "flatten", "unflatten", "unsqueeze", "squeeze"})
-# Identities in inference: the value passes through unchanged.
-IDENTITY_VIEWS = frozenset({"dropout", "alpha_dropout", "feature_alpha_dropout", "dropout1d",
-                            "dropout2d", "dropout3d", "identity", "detach", "contiguous"})
 FLOAT_DTYPES = ("torch.float32", "torch.float16", "torch.bfloat16")
 _EMPTY = "<empty placeholder>"  # marks a template line left with nothing; removed at the end
 
@@ -164,16 +159,6 @@ def _indent(lines: list[str], depth: int) -> str:
     return "\n".join(" " * depth + line for line in lines) if lines else _EMPTY
 
 
-def _refs(op: Op) -> list[Ref]:
-    return [r for r in op.args + tuple(v for _, v in op.kwargs) if isinstance(r, Ref)]
-
-
-def _literal(value: object) -> str:
-    if isinstance(value, Ref):
-        raise Unsupported("a view whose size is a tensor")
-    return repr(value)
-
-
 def write_triton_matmul(graph: SiteGraph, config: MatmulConfig) -> str:
     """The ModelNew source computing `graph` (prologue, anchor matmul, epilogue) with one Triton
     kernel, and a second one combining the tiles where the site reduces the output's rows."""
@@ -225,7 +210,7 @@ def write_triton_matmul(graph: SiteGraph, config: MatmulConfig) -> str:
         name = f"w{ref.index}_{at}"
         if name not in side_names:
             op = side[ref]
-            local = {r: operand(r, at) for r in _refs(op)}
+            local = {r: operand(r, at) for r in op_refs(op)}
             body.append(f"{name} = {elementwise(op, local)}")
             side_names.add(name)
         return name
@@ -242,7 +227,7 @@ def write_triton_matmul(graph: SiteGraph, config: MatmulConfig) -> str:
         here = Ref(i, False)
         chain = [r for r in op.args if isinstance(r, Ref) and not r.is_input]
         if rows is not None and any(r in rows.value for r in chain):
-            rows.add(i, op, SHAPE_VIEWS, IDENTITY_VIEWS, _literal)
+            rows.add(i, op)
             continue
         if op.kind.value == "reduction":
             if rows is not None:
@@ -258,9 +243,7 @@ def write_triton_matmul(graph: SiteGraph, config: MatmulConfig) -> str:
         if op.name in SHAPE_VIEWS:
             if chain[0] != op.args[0]:
                 raise Unsupported(f"{op.name} of a value the site reads from outside")
-            rest = [_literal(a) for a in op.args[1:]] + [f"{k}={_literal(v)}"
-                                                         for k, v in op.kwargs]
-            stages.append(f"stage{i} = {at}.{op.name}({', '.join(rest)})")
+            stages.append(f"stage{i} = {viewed(op, at)}")
             stage[here], value[here] = f"stage{i}", value[chain[0]]
             continue
         if op.name in IDENTITY_VIEWS:
@@ -270,7 +253,7 @@ def write_triton_matmul(graph: SiteGraph, config: MatmulConfig) -> str:
             raise Unsupported(f"{op.name} is not elementwise")
         if tuple(op.out.shape) != tuple(graph.info(chain[0]).shape):
             raise Unsupported(f"{op.name} broadcasts the matmul's output to a larger shape")
-        for ref in _refs(op):
+        for ref in op_refs(op):
             if ref.is_input or ref in side:
                 value[ref] = operand(ref, at)
         body.append(f"v{i} = {elementwise(op, value)}")

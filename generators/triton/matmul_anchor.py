@@ -1,11 +1,30 @@
 """How a matmul site's forward brings its anchor's operands to the kernel's
-[batch, M, K] @ [batch, K, N], for every anchor: linear, mm, bmm, addmm, baddbmm and matmul."""
+[batch, M, K] @ [batch, K, N], for every anchor: linear, mm, bmm, addmm, baddbmm and matmul;
+and how it follows the views of the values after it (each a shape-only stage tensor)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from generators.site_graph import Op, Ref, SiteGraph, Unsupported
+
+# Views that change shape but keep the element order; emitted as the same tensor method.
+SHAPE_VIEWS = frozenset({"view", "reshape", "flatten", "unflatten", "unsqueeze", "squeeze"})
+# Identities in inference: the value passes through unchanged.
+IDENTITY_VIEWS = frozenset({"dropout", "alpha_dropout", "feature_alpha_dropout", "dropout1d",
+                            "dropout2d", "dropout3d", "identity", "detach", "contiguous"})
+
+
+def _literal(value: object) -> str:
+    if isinstance(value, Ref):
+        raise Unsupported("a view whose size is a tensor")
+    return repr(value)
+
+
+def viewed(op: Op, at: str) -> str:
+    """Forward's expression of the shape-view `op` of the stage tensor `at`."""
+    rest = [_literal(a) for a in op.args[1:]] + [f"{k}={_literal(v)}" for k, v in op.kwargs]
+    return f"{at}.{op.name}({', '.join(rest)})"
 
 
 def _arg(op: Op, position: int, key: str, default: object = None) -> object:

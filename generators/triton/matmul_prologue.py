@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from generators.codegen import op_refs
 from generators.site_graph import Op, Ref, SiteGraph, Unsupported
 from generators.triton.expressions import elementwise
 
@@ -148,8 +149,7 @@ def split(graph: SiteGraph) -> tuple[int, Op, Prologue | None]:
     shape, dtype = tuple(graph.info(operand).shape), graph.info(operand).dtype
 
     def reads(op: Op) -> list[Ref]:
-        return [r for r in op.args + tuple(v for _, v in op.kwargs)
-                if isinstance(r, Ref) and r.is_input]
+        return [r for r in op_refs(op) if r.is_input]
 
     carrier = next((r for op in graph.ops[:top] for r in reads(op)
                     if tuple(graph.inputs[r.index].shape) == shape

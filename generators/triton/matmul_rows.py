@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from generators.codegen import op_refs
 from generators.site_graph import Op, Ref, SiteGraph, Unsupported
 from generators.triton.expressions import elementwise, tl_dtype
+from generators.triton.matmul_anchor import IDENTITY_VIEWS, SHAPE_VIEWS, viewed
 
 # The reductions the tiles take, the value a masked element holds for each, and how the
 # partials fold (mean folds as a sum, divided by the row's length at the end).
@@ -127,21 +129,18 @@ class RowReduction:
         self.stage[Ref(index, False)] = f"stage{index}"
         self.stages.append(f"stage{index} = {line}")
 
-    def add(self, index: int, op: Op, views: frozenset[str], identities: frozenset[str],
-            literal: object) -> None:
+    def add(self, index: int, op: Op) -> None:
         """Take op `index`, which reads a reduced value: a view, an identity, a reduction over
         dimensions of size one (the value itself), or an elementwise op on the rows."""
         here = Ref(index, False)
         chain = [r for r in op.args if isinstance(r, Ref) and not r.is_input]
         at = self.stage[chain[0]]
-        if op.name in views or op.name in identities:
-            if op.name in views:
-                rest = [literal(a) for a in op.args[1:]] + [f"{k}={literal(v)}"
-                                                            for k, v in op.kwargs]
-                self._stage_of(index, f"{at}.{op.name}({', '.join(rest)})")
-            else:
-                self.stage[here] = at
+        if op.name in SHAPE_VIEWS:
+            self._stage_of(index, viewed(op, at))
             self.value[here] = self.value[chain[0]]
+            return
+        if op.name in IDENTITY_VIEWS:
+            self.stage[here], self.value[here] = at, self.value[chain[0]]
             return
         if op.kind.value == "reduction":
             rank = len(self.graph.info(chain[0]).shape)
@@ -162,7 +161,7 @@ class RowReduction:
             return
         if op.kind.value != "pointwise":
             raise Unsupported(f"{op.name} of the reduced rows is not elementwise")
-        for ref in [r for r in op.args + tuple(v for _, v in op.kwargs) if isinstance(r, Ref)]:
+        for ref in op_refs(op):
             if ref.is_input:
                 if not self.graph.inputs[ref.index].dtype.is_floating_point:
                     raise Unsupported(f"input {ref.name} is {self.graph.inputs[ref.index].dtype}")
