@@ -126,8 +126,7 @@ class Window:
         out = list(coords[:lead])
         for i, position in enumerate(self.positions(coords, lead)):
             size, pad = source[lead + i], self.padding[i]
-            out.append(position + (-pad) if pad == 0 else
-                       mod(position + (size - pad), size, ranges))
+            out.append(position if pad == 0 else mod(position + (size - pad), size, ranges))
         return out
 
 
@@ -140,8 +139,8 @@ class Missing(Value):
 
 @dataclass(eq=False)
 class Coordinate(Value):
-    """An index of the elements' own coordinates: `scale` times the coordinate along each of
-    `dims` (a pair for a window's position and offset), plus `offset`."""
+    """An index of the elements' own coordinates: the coordinate along each of `dims` (a pair
+    for a window's position and offset) times its entry of `scales`, summed, plus `offset`."""
 
     dims: tuple[int, ...] = ()
     scales: tuple[int, ...] = ()

@@ -30,7 +30,7 @@ from generators.compiler.ir import (
     Value,
     View,
 )
-from generators.compiler.windows import WindowLowering
+from generators.compiler.windows import WindowLowering, argument
 from generators.op_table import ELEMENTWISE_OPS
 from generators.site_graph import Unsupported
 
@@ -80,13 +80,6 @@ def lower_problem(problem: Path) -> Graph:
     with torch.device("meta"):
         model = loaded.model_class()
     return lower(trace(model, inputs))
-
-
-def _arg(node: fx.Node, position: int, name: str, default: object = None) -> object:
-    """An argument of `node` passed at `position` or by `name`, else `default`."""
-    if len(node.args) > position:
-        return node.args[position]
-    return node.kwargs.get(name, default)
 
 
 def _dims(dims: object, rank: int) -> tuple[int, ...]:
@@ -209,8 +202,8 @@ class _Lowering(WindowLowering):
 
     def simple(self, node, shape, dtype, kind: str) -> Value:
         """sum, mean, amax, amin, prod, any, all: (input, dims, keepdim)."""
-        dims = _arg(node, 1, "dim")
-        return self.reduction(node, shape, dtype, kind, dims, bool(_arg(node, 2, "keepdim",
+        dims = argument(node, 1, "dim")
+        return self.reduction(node, shape, dtype, kind, dims, bool(argument(node, 2, "keepdim",
                                                                         False)))
 
     def lower_sum(self, node, shape, dtype) -> Value:
@@ -235,7 +228,7 @@ class _Lowering(WindowLowering):
         return self.simple(node, shape, dtype, "amin")
 
     def lower_var(self, node, shape, dtype) -> Value:
-        dims = _arg(node, 1, "dim")
+        dims = argument(node, 1, "dim")
         correction = node.kwargs.get("correction", 1)
         keepdim = node.kwargs.get("keepdim", False)
         return self.reduction(node, shape, dtype, "var", dims, keepdim,
@@ -243,7 +236,7 @@ class _Lowering(WindowLowering):
 
     def lower_var_mean(self, node, shape, dtype) -> tuple[Value, Value]:
         meta = node.meta["val"]
-        dims = _arg(node, 1, "dim")
+        dims = argument(node, 1, "dim")
         correction = node.kwargs.get("correction", 1)
         keepdim = node.kwargs.get("keepdim", False)
         var = self.reduction(node, tuple(meta[0].shape), meta[0].dtype, "var", dims, keepdim,
@@ -253,8 +246,8 @@ class _Lowering(WindowLowering):
 
     def arg_reduction(self, node, shape, dtype, kind: str) -> Value:
         source = self.value(node.args[0])
-        dim = _arg(node, 1, "dim")
-        keepdim = bool(_arg(node, 2, "keepdim", False))
+        dim = argument(node, 1, "dim")
+        keepdim = bool(argument(node, 2, "keepdim", False))
         if dim is None:
             if len(source.shape) > 1:
                 flat = View((source.numel,), source.dtype, source=source, kind="reshape")
@@ -272,7 +265,7 @@ class _Lowering(WindowLowering):
         if overload == "default":
             return self.reduction(node, shape, dtype, kind, None, False)
         meta = node.meta["val"]
-        keepdim = bool(_arg(node, 2, "keepdim", False))
+        keepdim = bool(argument(node, 2, "keepdim", False))
         values = self.reduction(node, tuple(meta[0].shape), meta[0].dtype, kind,
                                 node.args[1], keepdim)
         indices = self.arg_reduction(node, tuple(meta[1].shape), meta[1].dtype,

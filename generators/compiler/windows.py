@@ -14,6 +14,7 @@ import math
 from collections.abc import Sequence
 
 import torch
+import torch.fx as fx
 
 from generators.compiler.ir import (
     Coordinate,
@@ -25,6 +26,13 @@ from generators.compiler.ir import (
     Window,
 )
 from generators.site_graph import Unsupported
+
+
+def argument(node: fx.Node, position: int, name: str, default: object = None) -> object:
+    """An argument of the ATen `node` passed at `position` or by `name`, else `default`."""
+    if len(node.args) > position:
+        return node.args[position]
+    return node.kwargs.get(name, default)
 
 
 def _per_dim(value: object, count: int, default: int) -> tuple[int, ...]:
@@ -74,26 +82,22 @@ class WindowLowering:
     """The `lower_*` handlers of windowed ATen ops, mixed into the compiler's lowering."""
 
     def pool_arguments(self, node, dims: int, dilated: bool) -> tuple[tuple[int, ...], ...]:
-        """Kernel, stride, padding and dilation of an aten pooling `node`."""
-        names = ["kernel_size", "stride", "padding"] + (["dilation"] if dilated else [])
-        found = dict(zip(names, node.args[1:], strict=False)) | dict(node.kwargs)
-        kernel = _per_dim(found.get("kernel_size"), dims, 1)
-        stride = found.get("stride")
+        """Kernel, stride, padding and dilation of an aten pooling `node` (`dilated`: a max
+        pooling's signature, with a dilation before ceil_mode)."""
+        kernel = _per_dim(argument(node, 1, "kernel_size"), dims, 1)
+        stride = argument(node, 2, "stride")
         stride = _per_dim(stride, dims, 1) if stride not in (None, []) else kernel
-        padding = _per_dim(found.get("padding"), dims, 0)
-        dilation = _per_dim(found.get("dilation"), dims, 1)
-        ceil_mode = (list(node.args) + [False] * 6)[len(names) + 1] or \
-            node.kwargs.get("ceil_mode", False)
-        if ceil_mode:
+        padding = _per_dim(argument(node, 3, "padding"), dims, 0)
+        dilation = _per_dim(argument(node, 4, "dilation") if dilated else None, dims, 1)
+        if argument(node, 5 if dilated else 4, "ceil_mode", False):
             raise Unsupported("pooling with ceil_mode (windows past the input's end)")
         return kernel, stride, padding, dilation
 
     def average_pool(self, node, shape, dtype, dims: int) -> Value:
         source = self.value(node.args[0])
         kernel, stride, padding, dilation = self.pool_arguments(node, dims, False)
-        args = list(node.args) + [None] * 7
-        count_include_pad = node.kwargs.get("count_include_pad", args[5])
-        override = node.kwargs.get("divisor_override", args[6])
+        count_include_pad = argument(node, 5, "count_include_pad", True)
+        override = argument(node, 6, "divisor_override")
         divisor = override or math.prod(kernel)
         if any(padding) and count_include_pad is False and not override:
             raise Unsupported("average pooling without the padding in its count")
