@@ -145,7 +145,8 @@ if WIDEN:
     vt = vt.to(tl.float32)
 {accumulate}'''
 
-# The online softmax: P from the running maximum, the accumulator rescaled when it grows.
+# How P weighs V, each (weights, accumulate, finish). The online softmax: P from the running
+# maximum, the accumulator rescaled when it grows, divided by the row's sum at the end.
 _SOFTMAX = ('''x = tl.where(col_ok[None, :], {logits}, float("-inf"))
 m_new = tl.maximum(m_i, tl.max(x, 1))
 # A row with no unmasked logit yet subtracts 0, so that its exp is 0 rather than NaN.
@@ -153,10 +154,12 @@ m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
 alpha = tl.exp(m_i - m_ref)
 p = tl.exp(x - m_ref[:, None])
 l_i = l_i * alpha + tl.sum(p, 1)''',
-            "acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt{precision})\nm_i = m_new")
+            "acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt{precision})\nm_i = m_new",
+            "o = tl.where(l_i[:, None] > 0.0, acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None], "
+            "{empty})")
 # Weights that are the logits themselves (no softmax): P·V accumulates as it comes.
 _PLAIN = ("p = tl.where(col_ok[None, :], {logits}, 0.0)",
-          "acc = acc + tl.dot(p.to(vt.dtype), vt{precision})")
+          "acc = acc + tl.dot(p.to(vt.dtype), vt{precision})", "o = acc")
 
 _LOAD = ("{name} = tl.load({name}_ptr + b * {name}_sb + h * {name}_sh + rows[:, None] * {name}_sm"
          " + {cols}[None, :] * {name}_sn, mask=row_ok[:, None] & {ok}, other=0).to(tl.float32)")
@@ -179,7 +182,7 @@ def write_attention(graph: SiteGraph, config: AttentionConfig) -> str:
     operands = [f"x{i}" for i in range(len(plan.operands))]
     outs = [f"out{k}" for k in range(len(plan.outputs))]
     precision = dot_precision(plan.dtype, config.precision)
-    weights, accumulate = _SOFTMAX if plan.normalized else _PLAIN
+    weights, accumulate, finish = _SOFTMAX if plan.normalized else _PLAIN
     step = _STEP.format(
         precision=precision, weights=weights.format(logits=plan.logits),
         accumulate=accumulate.format(precision=precision),
@@ -223,8 +226,7 @@ def write_attention(graph: SiteGraph, config: AttentionConfig) -> str:
                              + [f"{o}_sb, {o}_sh, {o}_sm, {o}_sd," for o in outs], 4),
         bound=indent(bound, 4), interpreted_steps=indent(interpreted, 12),
         steps=indent(steps, 8),
-        finish=("    o = tl.where(l_i[:, None] > 0.0, acc / tl.where(l_i > 0.0, l_i, 1.0)"
-                f"[:, None], {plan.empty})" if plan.normalized else "    o = acc"),
+        finish="    " + finish.format(empty=plan.empty),
         epilogue=indent("\n".join(epilogue).split("\n"), 4) if epilogue else "",
         stores=indent("\n".join(stores).split("\n"), 4),
         params=", ".join(f"in{i}" for i in range(len(graph.inputs))),
