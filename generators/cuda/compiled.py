@@ -101,12 +101,11 @@ __device__ __forceinline__ void arg_fold_row(float& best, long long& at, bool la
     }
 }
 
-// `value` folded over the LANES lanes of a row when a block's ROWS rows take consecutive
+// `value` folded over the LANES (> 1) lanes of a row when a block's ROWS rows take consecutive
 // threads (a row's lanes ROWS threads apart); every lane gets the result. `shared` holds a slot
 // a thread.
 template <int LANES, int ROWS, class T, class F>
 __device__ __forceinline__ T fold_rows_apart(T value, F combine, long long* shared) {
-    if (LANES == 1) { return value; }
     T* slots = reinterpret_cast<T*>(shared);
     slots[threadIdx.x] = value;
     __syncthreads();
@@ -120,7 +119,6 @@ __device__ __forceinline__ T fold_rows_apart(T value, F combine, long long* shar
 template <int LANES, int ROWS>
 __device__ __forceinline__ void arg_fold_rows_apart(float& best, long long& at, bool largest,
                                                     long long* shared) {
-    if (LANES == 1) { return; }
     float* values = reinterpret_cast<float*>(shared);
     long long* indices = shared + LANES * ROWS;
     values[threadIdx.x] = best;
