@@ -44,6 +44,9 @@ _TAKES_EPILOGUE = {"pointwise", "reduction", "matmul", "conv", "attention"}
 # Reductions a matmul's tiles can each take over their columns, and that a second pass then
 # combines from the tiles' partial results by the same rule (logsumexp of logsumexps).
 _TILE_REDUCTIONS = frozenset({"sum", "mean", "amax", "amin", "logsumexp"})
+# Norms of a matmul operand's rows that the matmul applies to the operand's tiles as it loads
+# them, from each row's statistics.
+ROW_NORMS = ("layer_norm", "rms_norm")
 _ORDER_PRESERVING = frozenset(
     """view reshape flatten unflatten unsqueeze squeeze identity detach dropout alpha_dropout
     feature_alpha_dropout dropout1d dropout2d dropout3d""".split()
@@ -386,7 +389,7 @@ def _row_norm_first(region: Region) -> bool:
     info = op_info(norm)
     shape = norm.args[1] if len(norm.args) > 1 else norm.kwargs.get("normalized_shape")
     last = isinstance(shape, int) or (isinstance(shape, tuple | list) and len(shape) == 1)
-    return (region.family == "reduction" and info.name in ("layer_norm", "rms_norm") and last
+    return (region.family == "reduction" and info.name in ROW_NORMS and last
             and all(op_info(m).kind is OpKind.POINTWISE for m in rest))
 
 

@@ -13,11 +13,11 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from core.runtime.partition import ROW_NORMS
 from generators.codegen import op_refs
 from generators.site_graph import Op, Ref, SiteGraph, Unsupported
 from generators.triton.expressions import elementwise
 
-NORMS = ("layer_norm", "rms_norm")
 # The left operand's position in each anchor's arguments.
 LEFT = {"linear": 0, "mm": 0, "bmm": 0, "matmul": 0, "addmm": 1, "baddbmm": 1}
 
@@ -159,7 +159,7 @@ def split(graph: SiteGraph) -> tuple[int, Op, Prologue | None]:
     prologue = Prologue(carrier)
     value: dict[Ref, str] = {carrier: "a_in"}
     for i, op in enumerate(graph.ops[:top]):
-        norm = i == 0 and op.name in NORMS
+        norm = i == 0 and op.name in ROW_NORMS
         if not (norm or op.kind.value == "pointwise") or tuple(op.out.shape) != shape:
             raise Unsupported(f"{op.name} before the matmul is not elementwise on its operand")
         for ref in reads(op):
