@@ -93,7 +93,7 @@ def _same_shape(a: fx.Node, b: fx.Node) -> bool:
     return _shape(a) is not None and _shape(a) == _shape(b)
 
 
-def reduced_dims(node: fx.Node) -> tuple[int, ...] | None:
+def _reduced_dims(node: fx.Node) -> tuple[int, ...] | None:
     """The dimensions a reduction node reduces, counted from 0; None when it names none (a
     reduction of everything) or its input is not a tensor of known shape."""
     source = node.args[0] if node.args else node.kwargs.get("input")
@@ -218,7 +218,7 @@ class _Grower:
         region = self._open(self.region_of.get(parents[0]))
         if region is None or region.family != "matmul":
             return None
-        dims, shape = reduced_dims(node), _shape(parents[0])
+        dims, shape = _reduced_dims(node), _shape(parents[0])
         anchor = _shape(_anchor_of(region))
         if dims is None or shape is None or anchor is None or not anchor:
             return None
