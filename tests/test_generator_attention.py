@@ -59,7 +59,7 @@ FORMS = {
     "an epilogue of inputs scaled before the scores": (", r, g", """scaled = r * 2.0
         w = q @ kt * 0.25
         return torch.softmax(w, -1) @ v + scaled * g""",
-                                                        "torch.randn(16).to(DTYPE), "
+                                                        "torch.randn(D).to(DTYPE), "
                                                         "torch.randn(B, 1, L, 1).to(DTYPE)"),
     "relu weights of a masked scores, no softmax": (", mask", """w = q @ kt * 0.25
         w = w.masked_fill(mask == 0, float("-inf"))
@@ -77,7 +77,7 @@ FORMS = {
                                    "torch.randn(B, 1, L, S).to(DTYPE)"),
     "sdpa, a residual epilogue": (", r", "return torch.nn.functional."
                                         "scaled_dot_product_attention(q, k, v) * 0.5 + r",
-                                  "torch.randn(B, H, L, 16).to(DTYPE)"),
+                                  "torch.randn(B, H, L, D).to(DTYPE)"),
     "sdpa, causal": ("", "return torch.nn.functional.scaled_dot_product_attention("
                          "q, k, v, is_causal=True)", ""),
 }
@@ -96,6 +96,7 @@ def attention_problem(folder: Path, params: str, body: str, extra: str, dtype: t
         key = "kt"
     path.write_text(
         f"import torch\nimport torch.nn as nn\n\nB, H, L, S = {B}, {H}, {queries}, {keys}\n"
+        f"D = {head}\n"
         f"DTYPE = {dtype}\n\n\ndef _mask(shape):\n"
         # PyTorch's CPU matmul in bf16 spreads a NaN row of P to its neighbour: there the
         # reference of a query with no key is wrong, so none is drawn.

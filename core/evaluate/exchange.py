@@ -132,7 +132,11 @@ class JudgeSide:
         if tensor.numel() == 0:
             return {"empty": True, **_layout(tensor)}
         if tensor.device.type == "cuda":
-            record = {"number": shared.number, "cuda": export_cuda(tensor)}
+            # A buffer the candidate's process holds already goes by its number alone: an IPC
+            # export makes an event and a reference count each time.
+            record = {"number": shared.number}
+            if shared.number not in self.sent:
+                record["cuda"] = export_cuda(tensor)
         else:
             assert shared.buffer is not None and shared.buffer.region is not None
             region = shared.buffer.region
@@ -201,6 +205,8 @@ class CandidateSide:
         if "cuda" in record:
             tensor = import_cuda(record["cuda"])
             self.input_pointers.add(tensor.untyped_storage().data_ptr())
+        elif "fd" not in record:
+            raise TransportError(f"input buffer {number} was never handed in")
         else:
             region = map_region(fds[record["fd"]], record["size"])
             self.regions[region.bytes.data_ptr()] = region

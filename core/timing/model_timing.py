@@ -18,6 +18,12 @@ from core.timing.timer import TimingStats, synchronize, time_callable
 
 # The flush buffer is twice the L2 size: H200's L2 is 60 MiB, so 120 MiB.
 FLUSH_FACTOR = 2
+# Input sets a timing rotates through, at most. The flush before every call is what keeps a
+# call's operands out of the L2; the rotation adds that no call gets the buffers of the call
+# before. Covering the L2 twice over with copies of a few-kilobyte input took over ten thousand
+# sets, each a guarded copy and a reference output for the evaluator, and seconds a candidate
+# (bench/NOTES.md, 2026-12-05 09:10 UTC, the judging rate on CUDA).
+MAX_ROTATION_SETS = 8
 
 
 def input_bytes(inputs: list[object]) -> int:
@@ -31,10 +37,11 @@ def l2_size(device: torch.device) -> int:
 
 
 def rotation_copies(inputs: list[object], device: torch.device, budget_bytes: int) -> int:
-    """How many input copies cover the L2 twice over, within `budget_bytes` of extra memory."""
+    """How many input copies cover the L2 twice over, within `budget_bytes` of extra memory and
+    `MAX_ROTATION_SETS`."""
     size = max(input_bytes(inputs), 1)
     wanted = math.ceil(FLUSH_FACTOR * l2_size(device) / size)
-    return max(1, min(wanted, budget_bytes // size))
+    return max(1, min(wanted, budget_bytes // size, MAX_ROTATION_SETS))
 
 
 def rotation_sets(pristine: list[object], device: torch.device, budget_bytes: int
