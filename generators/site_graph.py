@@ -55,6 +55,19 @@ class Ref:
         return f"in{self.index}" if self.is_input else f"v{self.index}"
 
 
+def holds_ref(value: object) -> bool:
+    """Whether `value` is, or nests, a value of the site (not a constant)."""
+    return isinstance(value, Ref) or (isinstance(value, tuple) and any(map(holds_ref, value)))
+
+
+def constant_source(value: object, what: str) -> str:
+    """The constant `value` written as Python; a site value in its place is Unsupported, as
+    `what` (a setting that is a tensor)."""
+    if holds_ref(value):
+        raise Unsupported(what)
+    return repr(value)
+
+
 @dataclass(frozen=True)
 class Op:
     name: str  # canonical op name (core.runtime.ops)

@@ -22,7 +22,7 @@ FLUSH_FACTOR = 2
 # call's operands out of the L2; the rotation adds that no call gets the buffers of the call
 # before. Covering the L2 twice over with copies of a few-kilobyte input took over ten thousand
 # sets, each a guarded copy and a reference output for the evaluator, and seconds a candidate
-# (bench/NOTES.md, 2026-12-05 09:10 UTC, the judging rate on CUDA).
+# (bench/NOTES.md, 2026-12-05 09:10-09:20 UTC).
 MAX_ROTATION_SETS = 8
 
 

@@ -20,7 +20,14 @@ right. The tile's size and warps are the `PointwiseConfig` knobs, which mutation
 from __future__ import annotations
 
 from core.runtime.ops import OpKind
-from generators.site_graph import Op, Ref, SiteGraph, TensorInfo, Unsupported
+from generators.site_graph import (
+    Op,
+    Ref,
+    SiteGraph,
+    TensorInfo,
+    Unsupported,
+    constant_source,
+)
 from generators.triton.pointwise import PointwiseConfig, write_pointwise
 
 _TITLE = "Kiln rules kernel (triton, conv epilogue): {ops}. {config}."
@@ -38,10 +45,8 @@ class ModelNew(nn.Module):
 '''
 
 
-def _literal(value: object) -> str:
-    if isinstance(value, Ref):
-        raise Unsupported("a convolution setting that is a tensor")
-    return repr(value)
+def _setting(value: object) -> str:
+    return constant_source(value, "a convolution setting that is a tensor")
 
 
 def _remap(value: object, mapping: dict[Ref, Ref]) -> object:
@@ -59,8 +64,8 @@ def _conv_call(conv: Op) -> tuple[str, Ref | None]:
     if bias is not None and not (isinstance(bias, Ref) and bias.is_input):
         raise Unsupported("a conv bias the site computes itself")
     args = [x.name, w.name] + ["None"] * (len(conv.args) > 2)
-    args += [_literal(a) for a in conv.args[3:]]
-    args += [f"{key}={'None' if key == 'bias' else _literal(v)}" for key, v in conv.kwargs]
+    args += [_setting(a) for a in conv.args[3:]]
+    args += [f"{key}={'None' if key == 'bias' else _setting(v)}" for key, v in conv.kwargs]
     return ", ".join(args), bias
 
 

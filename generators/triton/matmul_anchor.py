@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from generators.site_graph import Op, Ref, SiteGraph, Unsupported
+from generators.site_graph import Op, Ref, SiteGraph, Unsupported, constant_source
 
 # Views that change shape but keep the element order; emitted as the same tensor method.
 SHAPE_VIEWS = frozenset({"view", "reshape", "flatten", "unflatten", "unsqueeze", "squeeze"})
@@ -15,15 +15,13 @@ IDENTITY_VIEWS = frozenset({"dropout", "alpha_dropout", "feature_alpha_dropout",
                             "dropout2d", "dropout3d", "identity", "detach", "contiguous"})
 
 
-def _literal(value: object) -> str:
-    if isinstance(value, Ref):
-        raise Unsupported("a view whose size is a tensor")
-    return repr(value)
+def _size(value: object) -> str:
+    return constant_source(value, "a view whose size is a tensor")
 
 
 def viewed(op: Op, at: str) -> str:
     """Forward's expression of the shape-view `op` of the stage tensor `at`."""
-    rest = [_literal(a) for a in op.args[1:]] + [f"{k}={_literal(v)}" for k, v in op.kwargs]
+    rest = [_size(a) for a in op.args[1:]] + [f"{k}={_size(v)}" for k, v in op.kwargs]
     return f"{at}.{op.name}({', '.join(rest)})"
 
 
