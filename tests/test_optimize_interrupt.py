@@ -13,6 +13,7 @@ import time
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from bench.processes import process_table
 from store import open_reader
 from tests.test_list_sites_cli import ROOT, run_cli
 from tests.test_optimize_resume import judged, stored
@@ -23,15 +24,7 @@ SEARCH = ["tests.models:make_mlp", "--device", "cpu", "--sites", "1", "--workers
 
 def children(pid: int) -> set[int]:
     """The processes whose parent is `pid` (the evaluator's workers of a run)."""
-    found = set()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            found.add(int(stat.parent.name))
-    return found
+    return {child for child, stat in process_table().items() if stat.parent == pid}
 
 
 def alive(pid: int) -> bool:
