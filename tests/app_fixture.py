@@ -35,8 +35,8 @@ from store import Store, open_reader
 REPO = Path(__file__).resolve().parents[1]
 
 # Small enough that the Triton interpreter judges each kernel in seconds on one core.
-MODEL_SOURCE = '''"""A small post-norm MLP block: up projection, GELU, down projection, residual,
-layer norm (a site of its own)."""
+MODEL_SOURCE = '''"""A small MLP block on normalized inputs: layer norm (a site of its own, as both
+the up projection and the residual read it), up projection, GELU, down projection, residual."""
 
 import torch
 import torch.nn as nn
@@ -51,7 +51,8 @@ class Model(nn.Module):
         self.down = nn.Linear(64, 32)
 
     def forward(self, x):
-        return self.norm(x + self.down(F.gelu(self.up(x))) * 0.5)
+        h = self.norm(x)
+        return h + self.down(F.gelu(self.up(h))) * 0.5
 
 
 def get_inputs():

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 class MLPBlock(nn.Module):
     """Linear + GELU, linear, residual, LayerNorm: the shape of a post-norm (BERT-style)
-    transformer MLP, whose norm is a site of its own."""
+    transformer MLP, whose norm the down projection's tiles finish."""
 
     def __init__(self, hidden: int = 32) -> None:
         super().__init__()

@@ -116,9 +116,10 @@ def test_reductions_the_tiles_cannot_take_stay_out_of_the_site(tmp_path):
                                              "r = torch.sum(r, dim=0)"], "r", "mm",
                    {"m": 5, "n": 7, "k": 3}, torch.float32)
     softmax = write(tmp_path / "softmax.py", ["r = torch.softmax(v, dim=1)"], "r", "mm",
-                    {"m": 5, "n": 7, "k": 3}, torch.float32)
-    # A sum across the rows, and a softmax whose rows the tiles would write before knowing
-    # their sums, are left out of the matmul's site: a problem holding them is two sites.
+                    {"m": 5, "n": 300, "k": 3}, torch.float32)
+    # A sum across the rows, and a softmax of rows wider than a tile holds (the tiles would
+    # write them before knowing their sums), are left out of the matmul's site: a problem
+    # holding them is two sites.
     for path in (across, softmax):
         with pytest.raises(Unsupported, match=r"2 regions \(matmul, reduction\)"):
             load_site_graph(path)

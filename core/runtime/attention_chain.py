@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from .ops import OpKind, is_factory, make_relative, op_info
+from .ops import OpKind, example_tensor, is_factory, make_relative, op_info
 
 # Between the softmax and the second matmul of attention: identities in inference, and casts.
 _PASS_THROUGH = frozenset("dropout identity detach contiguous to type type_as float half "
@@ -21,11 +21,6 @@ _PASS_THROUGH = frozenset("dropout identity detach contiguous to type type_as fl
 MAX_HEAD_DIM = 256
 # Ops that keep a value made of factories alone a constant (`torch.tril(torch.ones(t, t))`).
 _CONSTANT_OPS = frozenset({"tril", "triu", "bool", "int", "long"})
-
-
-def _tensor(node: object) -> torch.Tensor | None:
-    value = node.meta.get("example_value") if isinstance(node, fx.Node) else None
-    return value if isinstance(value, torch.Tensor) else None
 
 
 def _names_device(values: object) -> bool:
@@ -40,7 +35,7 @@ def _constants(graph: fx.Graph) -> set[fx.Node]:
     """Tensors computed from factories alone: their values are fixed by the graph's code."""
     found: set[fx.Node] = set()
     for node in graph.nodes:
-        if node.op not in ("call_function", "call_method") or _tensor(node) is None:
+        if node.op not in ("call_function", "call_method") or example_tensor(node) is None:
             continue
         info = op_info(node)
         if is_factory(node) or (
@@ -55,13 +50,14 @@ def _constants(graph: fx.Graph) -> set[fx.Node]:
 def _is_batched_matmul(node: fx.Node) -> bool:
     return (node.op in ("call_function", "call_method") and op_info(node).name in ("matmul", "bmm")
             and len(node.args) == 2 and not node.kwargs
-            and all(_tensor(a) is not None and _tensor(a).dim() >= 2 for a in node.args))
+            and all(example_tensor(a) is not None and example_tensor(a).dim() >= 2
+                    for a in node.args))
 
 
 def _transposed(node: object) -> bool:
     """Whether `node` is a Kᵀ: a view swapping the last two dimensions, or a value already laid
     out so (a site problem's input, drawn with the view's strides)."""
-    value = _tensor(node)
+    value = example_tensor(node)
     if value is None or value.dim() < 2:
         return False
     name, rank = op_info(node).name, value.dim()
@@ -76,7 +72,7 @@ def _transposed(node: object) -> bool:
 
 
 def _same_shape(a: object, b: object) -> bool:
-    va, vb = _tensor(a), _tensor(b)
+    va, vb = example_tensor(a), example_tensor(b)
     return va is not None and vb is not None and va.shape == vb.shape
 
 
@@ -90,7 +86,7 @@ def _passes(node: fx.Node) -> bool:
 
 
 def _broadcasts_to(node: fx.Node, shape: torch.Size) -> bool:
-    value = _tensor(node)
+    value = example_tensor(node)
     return value is not None and value.dim() <= len(shape) and all(
         a in (1, b) for a, b in zip(reversed(value.shape), reversed(shape), strict=False))
 
@@ -108,7 +104,7 @@ def _match_attention(softmax: fx.Node, ancestors: dict[fx.Node, frozenset[fx.Nod
     """
     info = op_info(softmax)
     logits = softmax.args[0] if softmax.args else None
-    scores = _tensor(logits)
+    scores = example_tensor(logits)
     dim = softmax.kwargs.get("dim", softmax.args[1] if len(softmax.args) > 1 else None)
     if info.name != "softmax" or scores is None or not isinstance(dim, int) or \
             dim % scores.dim() != scores.dim() - 1:
@@ -122,7 +118,7 @@ def _match_attention(softmax: fx.Node, ancestors: dict[fx.Node, frozenset[fx.Nod
         return None
     nodes = {first, softmax, *chain}
     if not _transposed(first.args[1]) or not scores.is_floating_point() or any(
-            _tensor(n) is None or _tensor(n).shape != scores.shape for n in chain):
+            example_tensor(n) is None or example_tensor(n).shape != scores.shape for n in chain):
         return None
     last, users = softmax, list(softmax.users)
     while len(users) == 1 and not _is_batched_matmul(users[0]) and _passes(users[0]) and \
@@ -152,11 +148,11 @@ def _match_unnormalized(second: fx.Node, ancestors: dict[fx.Node, frozenset[fx.N
             break
     else:
         return None
-    scores, value = _tensor(first), _tensor(second.args[1])
+    scores, value = example_tensor(first), example_tensor(second.args[1])
     if scores is None or value is None or not _transposed(first.args[1]) or \
             not scores.is_floating_point() or \
-            max(_tensor(first.args[0]).shape[-1], value.shape[-1]) > MAX_HEAD_DIM or any(
-            _tensor(n) is None or _tensor(n).shape != scores.shape for n in chain):
+            max(example_tensor(first.args[0]).shape[-1], value.shape[-1]) > MAX_HEAD_DIM or any(
+            example_tensor(n) is None or example_tensor(n).shape != scores.shape for n in chain):
         return None
     return _with_values(first, second, {first, *chain}, chain, scores, ancestors, constants)
 
@@ -168,7 +164,7 @@ def _with_values(first: fx.Node, second: fx.Node, nodes: set[fx.Node], chain: se
     when V comes from the scores or an intermediate value is read elsewhere."""
     value = second.args[1]
     if value in nodes or first in ancestors[value] or \
-            _tensor(second).shape[:-1] != scores.shape[:-1]:
+            example_tensor(second).shape[:-1] != scores.shape[:-1]:
         return None
     nodes.add(second)
     pending = [p for n in chain for p in n.all_input_nodes if p not in nodes]
@@ -178,7 +174,7 @@ def _with_values(first: fx.Node, second: fx.Node, nodes: set[fx.Node], chain: se
                 not _broadcasts_to(side, scores.shape):
             continue
         if side in constants:
-            device = _tensor(side).device == _tensor(first).device
+            device = example_tensor(side).device == example_tensor(first).device
             # Constants move to just after the scores' matmul: read by the scores alone.
             if not device or any(u not in constants and first not in ancestors[u]
                                  for u in side.users):

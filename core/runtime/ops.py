@@ -161,6 +161,12 @@ def _value(node: object) -> object:
     return node.meta.get("example_value") if isinstance(node, fx.Node) else node
 
 
+def example_tensor(node: object) -> torch.Tensor | None:
+    """The tensor a traced node computed on the example inputs; None where it is no tensor."""
+    value = node.meta.get("example_value") if isinstance(node, fx.Node) else None
+    return value if isinstance(value, torch.Tensor) else None
+
+
 def _tensor_args(node: fx.Node) -> list[torch.Tensor]:
     values = [_value(a) for a in (*node.args, *node.kwargs.values())]
     return [v for v in values if isinstance(v, torch.Tensor)]
@@ -277,3 +283,17 @@ def make_relative(node: fx.Node, receiver: fx.Node) -> None:
     node.op, node.target = "call_method", f"new_{name}"
     node.args = (receiver, tuple(value.shape), *fill)
     node.kwargs = {"dtype": value.dtype}
+
+
+def reduced_dims(node: fx.Node) -> tuple[int, ...] | None:
+    """The dimensions a reduction node reduces, counted from 0; None when it names none (a
+    reduction of everything) or its input is not a tensor of known shape."""
+    source = node.args[0] if node.args else node.kwargs.get("input")
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    value = example_tensor(source)
+    if value is None or dim is None:
+        return None
+    dims = dim if isinstance(dim, tuple | list) else (dim,)
+    if not all(isinstance(d, int) for d in dims):
+        return None
+    return tuple(sorted({d % max(value.dim(), 1) for d in dims}))

@@ -8,7 +8,8 @@ replaced by a single call. Regions are grown greedily in graph order:
 - matmul, conv and attention ops anchor a region and take the elementwise ops that follow them
   on their output's shape (the epilogue); a matmul also takes one reduction over its output's
   rows (sum, mean, max, min or logsumexp along the last dimension: each tile reduces its
-  columns, a second pass combines the tiles) and the elementwise ops on the reduced values;
+  columns, a second pass combines the tiles) and the elementwise ops on the reduced values,
+  and the norms and softmaxes its tiles can finish alone (`tile_norms`);
 - a reduction or norm anchors a region, swallows the pointwise chain of its input's shape that
   feeds it (the prologue; a value others read too becomes a second output; a conv's epilogue
   that only feeds it moves in too) and takes its epilogue;
@@ -30,7 +31,8 @@ import torch.fx as fx
 
 from .attention_chain import claim_attention
 from .functional import drop_dead_values, functionalize_inplace
-from .ops import OpKind, op_info
+from .ops import OpKind, example_tensor, op_info, reduced_dims
+from .tile_norms import TILE_NORMS, tile_norm
 
 FAMILY_OF_KIND = {
     OpKind.POINTWISE: "pointwise",
@@ -75,36 +77,22 @@ def _ancestors(graph: fx.Graph) -> dict[fx.Node, frozenset[fx.Node]]:
 
 
 def _contiguous(node: fx.Node) -> bool:
-    value = node.meta.get("example_value")
-    return isinstance(value, torch.Tensor) and value.is_contiguous()
+    value = example_tensor(node)
+    return value is not None and value.is_contiguous()
 
 
 def _shape(node: fx.Node) -> tuple[int, ...] | None:
-    value = node.meta.get("example_value")
-    return tuple(value.shape) if isinstance(value, torch.Tensor) else None
+    value = example_tensor(node)
+    return None if value is None else tuple(value.shape)
 
 
 def _dtype(node: fx.Node) -> torch.dtype | None:
-    value = node.meta.get("example_value")
-    return value.dtype if isinstance(value, torch.Tensor) else None
+    value = example_tensor(node)
+    return None if value is None else value.dtype
 
 
 def _same_shape(a: fx.Node, b: fx.Node) -> bool:
     return _shape(a) is not None and _shape(a) == _shape(b)
-
-
-def _reduced_dims(node: fx.Node) -> tuple[int, ...] | None:
-    """The dimensions a reduction node reduces, counted from 0; None when it names none (a
-    reduction of everything) or its input is not a tensor of known shape."""
-    source = node.args[0] if node.args else node.kwargs.get("input")
-    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
-    shape = _shape(source) if isinstance(source, fx.Node) else None
-    if shape is None or dim is None:
-        return None
-    dims = dim if isinstance(dim, tuple | list) else (dim,)
-    if not all(isinstance(d, int) for d in dims):
-        return None
-    return tuple(sorted({d % max(len(shape), 1) for d in dims}))
 
 
 def is_mutation(node: fx.Node) -> bool:
@@ -205,20 +193,42 @@ class _Grower:
         """The reduction of a matmul region's output rows (not a norm of its operand)."""
         anchor = _anchor_of(region)
         return next((m for m in region.nodes if op_info(m).kind is OpKind.REDUCTION
-                     and anchor in self.ancestors[m]), None)
+                     and op_info(m).name not in TILE_NORMS and anchor in self.ancestors[m]),
+                    None)
+
+    def _finishes_tiles(self, node: fx.Node) -> Region | None:
+        """The open matmul region whose output tiles can finish the normalization `node`
+        (`core.runtime.tile_norms`): it normalizes a value of the tile's shape, and reads
+        nothing else the region computes (its weight and bias come from outside)."""
+        source = node.args[0] if node.args else node.kwargs.get("input")
+        region = self._open(self.region_of.get(source)) if isinstance(source, fx.Node) else None
+        if region is None or region.family != "matmul":
+            return None
+        shape, anchor = _shape(source), _shape(_anchor_of(region))
+        if shape is None or not anchor or math.prod(shape) != math.prod(anchor) or \
+                shape[-1] != anchor[-1]:
+            return None
+        if tile_norm(op_info(node).name, shape, node.args, node.kwargs,
+                     _dtype(source) or torch.float32) is None:
+            return None
+        inside = any(self.region_of.get(p) is region for p in node.all_input_nodes
+                     if p is not source)
+        return None if inside or not self._convex_with(node, region) else region
 
     def _joins_matmul(self, node: fx.Node) -> Region | None:
         """The open matmul region whose tiles `node` can reduce: a reduction of one of the
         region's values over the last dimension only, where that dimension is the matmul
         output's columns (the rows stay the tile's rows); or, once the region has its reduction,
         a reduction over dimensions of size one of a value reduced already (an identity)."""
+        if op_info(node).name in TILE_NORMS:
+            return self._finishes_tiles(node)
         parents = node.all_input_nodes
         if len(parents) != 1 or "dtype" in node.kwargs:
             return None
         region = self._open(self.region_of.get(parents[0]))
         if region is None or region.family != "matmul":
             return None
-        dims, shape = _reduced_dims(node), _shape(parents[0])
+        dims, shape = reduced_dims(node), _shape(parents[0])
         anchor = _shape(_anchor_of(region))
         if dims is None or shape is None or anchor is None or not anchor:
             return None
@@ -324,8 +334,7 @@ class _Grower:
             elif kind is OpKind.REDUCTION:
                 self.add_reduction(node)
             elif kind is OpKind.OTHER:
-                if any(isinstance(p.meta.get("example_value"), torch.Tensor)
-                       for p in node.all_input_nodes):
+                if any(example_tensor(p) is not None for p in node.all_input_nodes):
                     self._new("other", node)
             elif kind is OpKind.VIEW:
                 self.add_reshape(node, info.name)

@@ -10,14 +10,16 @@ the shape at which it joins the chain.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
+from core.runtime.tile_norms import TILE_NORMS, TileNorm, tile_norm
 from generators.codegen import BROADCAST_SHAPE_HELPER, op_refs
 from generators.site_graph import Op, Ref, SiteGraph, Unsupported
 from generators.triton.expressions import elementwise, tl_dtype, with_jit_helpers
 from generators.triton.matmul_anchor import IDENTITY_VIEWS, SHAPE_VIEWS, prepare_operands, viewed
+from generators.triton.matmul_norms import finish_lines
 from generators.triton.matmul_prologue import split
 from generators.triton.matmul_rows import RowReduction, partial_lines
 from generators.triton.precision import DESCRIBED, check_precision, dot_precision
@@ -159,6 +161,18 @@ def _indent(lines: list[str], depth: int) -> str:
     return "\n".join(" " * depth + line for line in lines) if lines else _EMPTY
 
 
+def fit_segments(config: MatmulConfig, norms: list[TileNorm]) -> MatmulConfig:
+    """`config` with tiles that hold whole segments of every normalization the tiles finish: a
+    row padded to a power of two is the tile's width; segments of a power of two fit a tile as
+    wide as the widest, at least (fewer rows where that makes the tile larger than 128 × 256)."""
+    if not norms:
+        return config
+    padded = [n.block for n in norms if n.block != n.segment]
+    block_n = padded[0] if padded else max(config.block_n, *(n.block for n in norms))
+    block_m = max(16, min(config.block_m, 128 * 256 // block_n))
+    return replace(config, block_n=block_n, block_m=block_m)
+
+
 def write_triton_matmul(graph: SiteGraph, config: MatmulConfig) -> str:
     """The ModelNew source computing `graph` (prologue, anchor matmul, epilogue) with one Triton
     kernel, and a second one combining the tiles where the site reduces the output's rows."""
@@ -223,11 +237,27 @@ def write_triton_matmul(graph: SiteGraph, config: MatmulConfig) -> str:
     body.append(f"v0 = {accumulate}")
 
     rows: RowReduction | None = None  # the reduction over the output's rows, if the site has one
+    norms: list[TileNorm] = []  # the normalizations the tiles finish
     for i, op in enumerate(graph.ops[top + 1:], start=top + 1):
         here = Ref(i, False)
         chain = [r for r in op.args if isinstance(r, Ref) and not r.is_input]
         if rows is not None and any(r in rows.value for r in chain):
             rows.add(i, op)
+            continue
+        if op.name in TILE_NORMS and chain and chain[0] == op.args[0]:
+            norm = tile_norm(op.name, graph.info(chain[0]).shape, op.args, dict(op.kwargs),
+                             op.out.dtype)
+            if norm is None or graph.info(chain[0]).numel != numel:
+                raise Unsupported(f"{op.name} is not one the matmul's tiles can finish alone")
+            at = stage[chain[0]]
+            affine: list[str | None] = []
+            for r in (norm.weight, norm.bias):
+                if r is not None and not (isinstance(r, Ref) and (r.is_input or r in side)):
+                    raise Unsupported(f"{op.name} with a weight or bias the site computes")
+                affine.append(None if r is None else operand(r, at))
+            body.extend(finish_lines(i, norm, value[chain[0]], *affine))
+            value[here], stage[here] = f"v{i}", at
+            norms.append(norm)
             continue
         if op.kind.value == "reduction":
             if rows is not None:
@@ -259,6 +289,7 @@ def write_triton_matmul(graph: SiteGraph, config: MatmulConfig) -> str:
         body.append(f"v{i} = {elementwise(op, value)}")
         value[here], stage[here] = f"v{i}", at
 
+    config = fit_segments(config, norms)
     row_outputs = [ref for ref in graph.outputs if rows is not None and ref in rows.value]
     tile_outputs = [ref for ref in graph.outputs if ref not in row_outputs]
     for ref in tile_outputs:
