@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from core.evaluate import EvalConfig, evaluate
-from core.runtime.tile_norms import MAX_TILE_SEGMENT, tile_norm
+from core.runtime.tile_norms import MAX_TILE_SEGMENT, TileNorm, tile_norm
 from generators.rules import RulesGenerator
 from generators.site_graph import Unsupported, load_site_graph
-from generators.triton.matmul import MatmulConfig, write_triton_matmul
+from generators.triton.matmul import MatmulConfig, fit_segments, write_triton_matmul
 from tests.kernel_checks import assert_matches, run_beside_problem
 
 SMALL = MatmulConfig(block_m=16, block_n=16, block_k=16, group_m=2, num_warps=4, num_stages=2)
@@ -80,6 +80,15 @@ def test_a_segment_wider_than_the_draft_tile_widens_the_tile(tmp_path):
                    m=9, n=64, k=8)
     source = check(path)  # SMALL's tiles are 16 columns wide
     assert "BLOCK_N=64" in source
+
+
+def test_a_tile_widened_to_256_columns_gets_8_warps():
+    wide = fit_segments(MatmulConfig(block_m=128, block_n=64, num_warps=4),
+                        [TileNorm("group_norm", 256, 256)])
+    assert (wide.block_m, wide.block_n, wide.num_warps) == (128, 256, 8)
+    padded = fit_segments(MatmulConfig(block_m=128, block_n=256, num_warps=4),
+                          [TileNorm("layer_norm", 96, 128)])
+    assert (padded.block_m, padded.block_n, padded.num_warps) == (128, 128, 4)
 
 
 def test_rows_that_are_all_minus_infinity_softmax_to_nan(tmp_path):

@@ -164,13 +164,16 @@ def _indent(lines: list[str], depth: int) -> str:
 def fit_segments(config: MatmulConfig, norms: list[TileNorm]) -> MatmulConfig:
     """`config` with tiles that hold whole segments of every normalization the tiles finish: a
     row padded to a power of two is the tile's width; segments of a power of two fit a tile as
-    wide as the widest, at least (fewer rows where that makes the tile larger than 128 × 256)."""
+    wide as the widest, at least (fewer rows where that makes the tile larger than 128 × 256),
+    with a warp for every 4096 values of the tile at least, as the drafts' 128 × 128 tiles on
+    4 warps have (a wider tile on as few warps spills its accumulator)."""
     if not norms:
         return config
     padded = [n.block for n in norms if n.block != n.segment]
     block_n = padded[0] if padded else max(config.block_n, *(n.block for n in norms))
     block_m = max(16, min(config.block_m, 128 * 256 // block_n))
-    return replace(config, block_n=block_n, block_m=block_m)
+    warps = max(config.num_warps, block_m * block_n // 4096)
+    return replace(config, block_n=block_n, block_m=block_m, num_warps=warps)
 
 
 def write_triton_matmul(graph: SiteGraph, config: MatmulConfig) -> str:
