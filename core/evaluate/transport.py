@@ -70,8 +70,11 @@ def send(sock: socket.socket, message: dict[str, Any], fds: list[int] = ()) -> N
 
 def receive(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
     """The next message and its file descriptors; (None, []) when the other end closed."""
-    data, ancillary, flags, _ = sock.recvmsg(MAX_MESSAGE_BYTES,
-                                             socket.CMSG_SPACE(MAX_FDS * 4))
+    try:
+        data, ancillary, flags, _ = sock.recvmsg(MAX_MESSAGE_BYTES,
+                                                 socket.CMSG_SPACE(MAX_FDS * 4))
+    except ConnectionResetError:  # closed with messages of ours unread: closed all the same
+        return None, []
     fds: list[int] = []
     for level, kind, payload in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:

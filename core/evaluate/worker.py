@@ -175,6 +175,21 @@ class Worker:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
+def prepare_judging(device: str) -> None:
+    """What a judging process sets up before it forks its zygote: one intra-op thread on the
+    CPU (a verdict's timings then repeat on a loaded machine), the stored CUDA sources' runtime
+    module, and the launch counters the guard reads."""
+    import torch
+
+    from core.evaluate.guard import install_launch_counters
+    from core.runtime import cuda as cuda_runtime
+
+    if device == "cpu":
+        torch.set_num_threads(1)
+    sys.modules.setdefault("cuda_runtime", cuda_runtime)
+    install_launch_counters()
+
+
 def serve(folder: Path, device: str) -> None:
     """The worker's loop: judge requests from stdin until it closes or the worker is unfit."""
     protocol = os.fdopen(os.dup(1), "w", buffering=1)
@@ -186,22 +201,16 @@ def serve(folder: Path, device: str) -> None:
     import torch  # start-up cost is paid before "ready", not by the first candidate
 
     from core.evaluate.config import EvalConfig
-    from core.evaluate.guard import install_launch_counters
     from core.evaluate.judge import Judge
     from core.evaluate.sandbox import SandboxError, require_sandbox
     from core.evaluate.zygote import Zygote
-    from core.runtime import cuda as cuda_runtime
 
     try:
         require_sandbox()
     except KilnInputError as err:
         send({"type": "input_error", "problem": err.problem, "fix": err.fix})
         return
-    if device == "cpu":
-        # One intra-op thread: a verdict's timings then repeat on a loaded machine.
-        torch.set_num_threads(1)
-    sys.modules.setdefault("cuda_runtime", cuda_runtime)
-    install_launch_counters()
+    prepare_judging(device)
     # Forked before this process touches CUDA: candidates' processes start CUDA afresh.
     try:
         zygote = Zygote(device)

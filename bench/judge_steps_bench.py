@@ -1,0 +1,152 @@
+"""Where a judged candidate's wall time goes: the worker's judge built in this process, with a
+timer around each step of the judge (the candidate process's calls, the comparisons, the input
+copies, the reference's timing) and of the candidate's process (its build, each call, the
+guard's buffers, the inputs it maps and the outputs it hands back).
+
+    python bench/judge_steps_bench.py [--device cpu|cuda] [--rounds 2] [--uncapped-rotation]
+
+Judges the honest candidates of tests/data/evaluate `--rounds` times, one after another (the
+first round pays the first-time costs), and prints per candidate its wall time, its verdict's
+phases and the judge's steps by time spent; each candidate's process prints its own steps to
+stderr as it ends. `--uncapped-rotation` times with as many input sets as cover the L2 twice
+(what the timing did before `model_timing.MAX_ROTATION_SETS`), to compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(HERE))
+
+import core.evaluate.candidate as candidate  # noqa: E402
+import core.evaluate.exchange as exchange  # noqa: E402
+import core.evaluate.judge_timing as judge_timing  # noqa: E402
+import core.evaluate.runner as runner  # noqa: E402
+import core.evaluate.trial as trial  # noqa: E402
+from core.evaluate.config import EvalConfig  # noqa: E402
+from core.evaluate.evaluator import screen  # noqa: E402
+from core.evaluate.verdict import Verdict  # noqa: E402
+from core.timing import model_timing  # noqa: E402
+
+DATA = HERE / "tests" / "data" / "evaluate"
+HONEST = {"good_pointwise": "pointwise_problem", "good_softmax": "softmax_problem",
+          "good_linear_gelu": "linear_gelu_problem",
+          "good_kb_linear_relu": "kb_linear_relu_problem"}
+JUDGE_STEPS = [(candidate.CandidateProcess, "__init__"), (candidate.CandidateProcess, "build"),
+               (candidate.CandidateProcess, "call"), (candidate.CandidateProcess, "close"),
+               (exchange.JudgeSide, "encode_inputs"), (trial, "run_trial"),
+               (trial, "compare_outputs"), (judge_timing, "compare_outputs"),
+               (trial, "changed_inputs"), (judge_timing, "changed_inputs"),
+               (trial, "shared_copies"), (judge_timing, "shared_copies"),
+               (trial, "second_opinion"), (judge_timing, "rotation_sets"),
+               (judge_timing, "time_candidate"), (judge_timing, "time_model")]
+CANDIDATE_STEPS = [(runner.Runner, "build"), (runner.Runner, "call"), (runner, "time_once"),
+                   (runner.Guard, "prepare"), (exchange.CandidateSide, "load_input"),
+                   (exchange.CandidateSide, "export_output")]
+# Seconds and calls per step, in whichever process runs it (the candidate's inherits the
+# wrappers through the zygote's fork and keeps its own totals).
+TOTALS: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
+
+
+def _label(owner: Any, name: str) -> str:
+    return f"{getattr(owner, '__name__', owner).rsplit('.', 1)[-1]}.{name}"
+
+
+def time_step(owner: Any, name: str) -> None:
+    original, label = getattr(owner, name), _label(owner, name)
+
+    @functools.wraps(original)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        began = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            TOTALS[label][0] += time.perf_counter() - began
+            TOTALS[label][1] += 1
+
+    setattr(owner, name, timed)
+
+
+def report(totals: dict[str, list[float]], labels: set[str], indent: str) -> str:
+    rows = sorted(((k, v) for k, v in totals.items() if k in labels), key=lambda kv: -kv[1][0])
+    return "\n".join(f"{indent}{k}: {v[0]:.3f} s in {int(v[1])} calls" for k, v in rows)
+
+
+def wrap_serve(labels: set[str]) -> None:
+    """The candidate's process writes its steps to stderr when the judge lets it go."""
+    serve = runner.Runner.serve
+
+    def serve_and_report(self: runner.Runner) -> None:
+        TOTALS.clear()
+        try:
+            serve(self)
+        finally:
+            os.write(2, f"a candidate's process, its steps:\n"
+                        f"{report(TOTALS, labels, '    ')}\n".encode())
+
+    runner.Runner.serve = serve_and_report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--uncapped-rotation", action="store_true",
+                        help="rotate through as many input sets as cover the L2 twice")
+    args = parser.parse_args()
+    if args.device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"
+    if args.uncapped_rotation:
+        model_timing.MAX_ROTATION_SETS = 1 << 30
+    for owner, name in JUDGE_STEPS + CANDIDATE_STEPS:
+        time_step(owner, name)
+    wrap_serve({_label(o, n) for o, n in CANDIDATE_STEPS})
+
+    import torch
+
+    from core.evaluate.judge import Judge
+    from core.evaluate.sandbox import require_sandbox
+    from core.evaluate.worker import prepare_judging
+    from core.evaluate.zygote import Zygote
+
+    require_sandbox()
+    prepare_judging(args.device)
+    began = time.perf_counter()
+    zygote = Zygote(args.device)
+    print(f"zygote ready in {time.perf_counter() - began:.2f} s", flush=True)
+    folder = Path(tempfile.mkdtemp())
+    judge = Judge(folder, zygote, folder / "stderr.log")
+    judge_labels = {_label(o, n) for o, n in JUDGE_STEPS}
+    try:
+        for round_ in range(args.rounds):
+            for name, problem in HONEST.items():
+                config = EvalConfig(device=args.device)
+                request = screen(DATA / f"{problem}.py", (DATA / f"{name}.py").read_text(),
+                                 config)
+                if isinstance(request, Verdict):
+                    raise SystemExit(f"{name} was settled by the static rules: {request.reason}")
+                TOTALS.clear()
+                began = time.perf_counter()
+                verdict, _ = judge.judge(request.problem_path, request.candidate_source, config,
+                                         set(request.anchors), lambda phase: None)
+                phases = ", ".join(f"{k} {v:.2f} s" for k, v in verdict.phase_seconds.items())
+                print(f"round {round_}, {name}: {time.perf_counter() - began:.2f} s "
+                      f"({phases}); {'correct' if verdict.correct else verdict.reason[:160]}")
+                print(report(TOTALS, judge_labels, "    "), flush=True)
+                if args.device == "cuda":
+                    torch.cuda.empty_cache()
+    finally:
+        zygote.close()
+
+
+if __name__ == "__main__":
+    main()
