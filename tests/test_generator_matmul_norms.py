@@ -130,3 +130,20 @@ def test_drafts_pass_the_evaluator(tmp_path):
     verdict = evaluate(path, drafts[0].source, EvalConfig(device="cpu", time=False))
     assert verdict.correct, verdict.reason
     assert verdict.kernel_launches == 1 and verdict.library_ops == []
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("norm", ["group_norm", "softmax"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_realistic_gemm_finishing_its_norm_is_accepted_on_gpu(norm, dtype, tmp_path):
+    # 62's shape, smaller: groups of 16 columns; a softmax over rows of 256.
+    n = 4096 if norm == "group_norm" else MAX_TILE_SEGMENT
+    body = [NORMS[norm].replace("N // 8", "N // 16").replace("N", str(n)),
+            f"v = {F}.leaky_relu(v, 0.01)"]
+    path = problem(tmp_path / "problem.py", body, m=1024, n=n, k=2048, dtype=dtype)
+    precision = "tf32x3" if dtype == torch.float32 else "ieee"
+    config = MatmulConfig(num_warps=8, precision=precision)
+    verdict = evaluate(path, write_triton_matmul(load_site_graph(path), config),
+                       EvalConfig(device="cuda"))
+    assert verdict.correct, verdict.reason
+    assert verdict.kernel_launches == 1 and verdict.latency_ms is not None
