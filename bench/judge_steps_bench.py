@@ -32,15 +32,12 @@ import core.evaluate.exchange as exchange  # noqa: E402
 import core.evaluate.judge_timing as judge_timing  # noqa: E402
 import core.evaluate.runner as runner  # noqa: E402
 import core.evaluate.trial as trial  # noqa: E402
+from bench.judging_rate_bench import DATA, HONEST  # noqa: E402
 from core.evaluate.config import EvalConfig  # noqa: E402
 from core.evaluate.evaluator import screen  # noqa: E402
 from core.evaluate.verdict import Verdict  # noqa: E402
 from core.timing import model_timing  # noqa: E402
 
-DATA = HERE / "tests" / "data" / "evaluate"
-HONEST = {"good_pointwise": "pointwise_problem", "good_softmax": "softmax_problem",
-          "good_linear_gelu": "linear_gelu_problem",
-          "good_kb_linear_relu": "kb_linear_relu_problem"}
 JUDGE_STEPS = [(candidate.CandidateProcess, "__init__"), (candidate.CandidateProcess, "build"),
                (candidate.CandidateProcess, "call"), (candidate.CandidateProcess, "close"),
                (exchange.JudgeSide, "encode_inputs"), (trial, "run_trial"),

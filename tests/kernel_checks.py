@@ -1,12 +1,16 @@
 """Comparing a generated kernel's output with PyTorch's, with a message that shows where; running
-a candidate source beside its problem's Model; and the one-line site problems the kernel tests
-write."""
+a candidate source beside its problem's Model; judging a draft through the evaluator; and the
+one-line site problems the kernel tests write."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
+
+from core.evaluate import EvalConfig, Verdict, evaluate
+from generators.base import Proposal
+from generators.rules import RulesGenerator
 
 # Relative to the reference's largest magnitude. bf16 keeps 8 bits of mantissa, and a chain
 # rounded once in fp32 differs from PyTorch's per-op rounding by up to a couple of its ulps.
@@ -40,6 +44,25 @@ def run_beside_problem(source: str, problem_path: Path, seed: int,
     with torch.no_grad():
         expected = problem.Model()(*inputs)
         return namespace["ModelNew"]()(*inputs), expected
+
+
+def judged(path: Path, source: str, device: str = "cpu", launches: int | None = None
+           ) -> Verdict:
+    """The evaluator's verdict on `source` for the site problem at `path`, asserted correct
+    (and, given `launches`, launching that many kernels, with no library op); timed on CUDA."""
+    verdict = evaluate(path, source, EvalConfig(device=device, time=device == "cuda"))
+    assert verdict.correct, verdict.reason
+    if launches is not None:
+        assert verdict.kernel_launches == launches and verdict.library_ops == [], (
+            f"{verdict.kernel_launches} launches, library ops {verdict.library_ops}")
+    return verdict
+
+
+def first_draft(path: Path, n: int = 2) -> Proposal:
+    """The rules generator's first draft for the site problem at `path`."""
+    drafts = RulesGenerator().propose(path, None, n=n).children
+    assert drafts, f"the rules generator drafts no kernel for {path.name}"
+    return drafts[0]
 
 
 def one_input_problem(folder: Path, body: str, inputs: str) -> Path:

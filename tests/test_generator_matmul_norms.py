@@ -8,12 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from core.evaluate import EvalConfig, evaluate
 from core.runtime.tile_norms import MAX_TILE_SEGMENT, TileNorm, tile_norm
-from generators.rules import RulesGenerator
 from generators.site_graph import Unsupported, load_site_graph
 from generators.triton.matmul import MatmulConfig, fit_segments, write_triton_matmul
-from tests.kernel_checks import assert_matches, run_beside_problem
+from tests.kernel_checks import assert_matches, first_draft, judged, run_beside_problem
 
 SMALL = MatmulConfig(block_m=16, block_n=16, block_k=16, group_m=2, num_warps=4, num_stages=2)
 F = "torch.nn.functional"
@@ -125,11 +123,7 @@ def test_the_rules_decide_the_segments():
 def test_drafts_pass_the_evaluator(tmp_path):
     path = problem(tmp_path / "problem.py", [f"v = {F}.group_norm(v, 8, g, b)",
                                              "v = v * torch.sigmoid(v)"], m=17, n=64, k=19)
-    drafts = RulesGenerator().propose(path, None, n=2).children
-    assert drafts, "the rules generator drafts the fused site"
-    verdict = evaluate(path, drafts[0].source, EvalConfig(device="cpu", time=False))
-    assert verdict.correct, verdict.reason
-    assert verdict.kernel_launches == 1 and verdict.library_ops == []
+    judged(path, first_draft(path).source, launches=1)
 
 
 @pytest.mark.gpu
@@ -143,7 +137,4 @@ def test_realistic_gemm_finishing_its_norm_is_accepted_on_gpu(norm, dtype, tmp_p
     path = problem(tmp_path / "problem.py", body, m=1024, n=n, k=2048, dtype=dtype)
     precision = "tf32x3" if dtype == torch.float32 else "ieee"
     config = MatmulConfig(num_warps=8, precision=precision)
-    verdict = evaluate(path, write_triton_matmul(load_site_graph(path), config),
-                       EvalConfig(device="cuda"))
-    assert verdict.correct, verdict.reason
-    assert verdict.kernel_launches == 1 and verdict.latency_ms is not None
+    judged(path, write_triton_matmul(load_site_graph(path), config), "cuda", launches=1)

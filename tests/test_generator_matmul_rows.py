@@ -8,11 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from core.evaluate import EvalConfig, evaluate
-from generators.rules import RulesGenerator
 from generators.site_graph import Unsupported, load_site_graph
 from generators.triton.matmul import MatmulConfig, write_triton_matmul
-from tests.kernel_checks import assert_matches, run_beside_problem
+from tests.kernel_checks import assert_matches, first_draft, judged, run_beside_problem
 
 SMALL = MatmulConfig(block_m=16, block_n=16, block_k=16, group_m=2, num_warps=4, num_stages=2)
 KINDS = ["sum", "mean", "amax", "amin", "logsumexp"]
@@ -129,12 +127,9 @@ def test_drafts_pass_the_evaluator_and_size_tiles_by_the_matmul(tmp_path):
     body = ["v = v / 2", "r = torch.sum(v, dim=1, keepdim=True)", "r = r * 1.5"]
     path = write(tmp_path / "problem.py", body, "r", "linear", {"m": 17, "n": 23, "k": 19},
                  torch.float32)
-    drafts = RulesGenerator().propose(path, None, n=4).children
-    assert drafts, "the rules generator drafts the fused site"
-    assert drafts[0].settings["precision"] == "tf32x3"
-    verdict = evaluate(path, drafts[0].source, EvalConfig(device="cpu", time=False))
-    assert verdict.correct, verdict.reason
-    assert verdict.kernel_launches == 2 and verdict.library_ops == []
+    draft = first_draft(path, n=4)
+    assert draft.settings["precision"] == "tf32x3"
+    judged(path, draft.source, launches=2)
 
 
 @pytest.mark.gpu
@@ -146,7 +141,4 @@ def test_realistic_gemm_with_its_rows_reduced_is_accepted_on_gpu(kind, dtype, tm
                  {"m": 1024, "n": 4096, "k": 2048}, dtype)
     precision = "tf32x3" if dtype == torch.float32 else "ieee"
     config = MatmulConfig(num_warps=8, precision=precision)
-    verdict = evaluate(path, write_triton_matmul(load_site_graph(path), config),
-                       EvalConfig(device="cuda"))
-    assert verdict.correct, verdict.reason
-    assert verdict.kernel_launches == 2 and verdict.latency_ms is not None
+    judged(path, write_triton_matmul(load_site_graph(path), config), "cuda", launches=2)
