@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from core.runtime.tile_norms import MAX_TILE_SEGMENT, TileNorm, tile_norm
+from core.runtime.tile_norms import (
+    MAX_TILE_SEGMENT,
+    RowNormArguments,
+    TileNorm,
+    row_norm_arguments,
+    tile_norm,
+)
 from generators.site_graph import Unsupported, load_site_graph
 from generators.triton.matmul import MatmulConfig, fit_segments, write_triton_matmul
 from tests.kernel_checks import assert_matches, first_draft, judged, run_beside_problem
@@ -118,6 +124,9 @@ def test_the_rules_decide_the_segments():
     assert tile_norm("layer_norm", shape, ["x", (8, 96)], {}, torch.float32) is None
     rms = tile_norm("rms_norm", shape, ["x", [96]], {}, torch.bfloat16)
     assert rms.eps == torch.finfo(torch.bfloat16).eps
+    # As the matmul's prologue reads a norm too: an int shape, keywords over positions.
+    assert row_norm_arguments("layer_norm", ["x", 96, "w", "b", 0.5], {"eps": 1e-3},
+                              torch.float32) == RowNormArguments((96,), "w", "b", 1e-3)
 
 
 def test_drafts_pass_the_evaluator(tmp_path):

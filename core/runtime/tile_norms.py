@@ -48,6 +48,32 @@ def _arg(args: Sequence[object], kwargs: Mapping[str, object], position: int, ke
     return args[position] if len(args) > position else default
 
 
+@dataclass(frozen=True)
+class RowNormArguments:
+    """A layer or RMS norm's arguments as PyTorch reads them: the normalized shape (None where
+    it names none), weight, bias (None for RMS norm) and epsilon, its default filled in."""
+
+    normalized: tuple[object, ...] | None
+    weight: object
+    bias: object
+    eps: float
+
+
+def row_norm_arguments(name: str, args: Sequence[object], kwargs: Mapping[str, object],
+                       dtype: torch.dtype) -> RowNormArguments:
+    """The arguments of `name(*args, **kwargs)`, a layer norm or an RMS norm of `dtype` values
+    (RMS norm's default epsilon is its dtype's); read here for the tiles that finish a norm and
+    for the matmul prologue that starts with one."""
+    layer = name == "layer_norm"
+    normalized = _arg(args, kwargs, 1, "normalized_shape")
+    normalized = (normalized,) if isinstance(normalized, int) else normalized
+    eps = _arg(args, kwargs, 4 if layer else 3, "eps")
+    return RowNormArguments(
+        tuple(normalized) if isinstance(normalized, tuple | list) else None,
+        _arg(args, kwargs, 2, "weight"), _arg(args, kwargs, 3, "bias") if layer else None,
+        float(eps if eps is not None else 1e-5 if layer else torch.finfo(dtype).eps))
+
+
 def _power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
@@ -66,15 +92,10 @@ def tile_norm(name: str, shape: Sequence[int], args: Sequence[object],
             return None
         norm = TileNorm(name, columns, columns)
     elif name in ("layer_norm", "rms_norm"):
-        normalized = _arg(args, kwargs, 1, "normalized_shape")
-        normalized = (normalized,) if isinstance(normalized, int) else normalized
-        if not isinstance(normalized, tuple | list) or tuple(normalized) != (columns,):
+        parsed = row_norm_arguments(name, args, kwargs, dtype)
+        if parsed.normalized != (columns,):
             return None
-        layer = name == "layer_norm"
-        eps = _arg(args, kwargs, 4 if layer else 3, "eps")
-        eps = eps if eps is not None else 1e-5 if layer else torch.finfo(dtype).eps
-        norm = TileNorm(name, columns, columns, _arg(args, kwargs, 2, "weight"),
-                        _arg(args, kwargs, 3, "bias") if layer else None, float(eps))
+        norm = TileNorm(name, columns, columns, parsed.weight, parsed.bias, parsed.eps)
     else:
         groups = _arg(args, kwargs, 1, "num_groups")
         if len(shape) != 2 or not isinstance(groups, int) or groups <= 0 or columns % groups:

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-import torch
-
 from core.runtime.partition import ROW_NORMS
+from core.runtime.tile_norms import row_norm_arguments
 from generators.codegen import op_refs
 from generators.site_graph import Op, Ref, SiteGraph, Unsupported
 from generators.triton.expressions import elementwise
@@ -113,22 +112,15 @@ class Prologue:
 def _normalized(op: Op, prologue: Prologue, value: dict[Ref, str],
                 shape: tuple[int, ...]) -> str:
     """A layer or RMS norm of the carrier's rows, from their statistics, with its affine."""
-    layer = op.name == "layer_norm"
-    normalized = op.kwarg("normalized_shape", op.args[1] if len(op.args) > 1 else None)
-    if op.args[0] != prologue.carrier or tuple(normalized or ()) != shape[-1:]:
+    parsed = row_norm_arguments(op.name, op.args, dict(op.kwargs), op.out.dtype)
+    if op.args[0] != prologue.carrier or parsed.normalized != shape[-1:]:
         raise Unsupported(f"{op.name} of more than the rows of the matmul's operand")
-    weight = op.kwarg("weight", op.args[2] if len(op.args) > 2 else None)
-    bias = op.kwarg("bias", op.args[3] if len(op.args) > 3 else None) if layer else None
-    eps = op.kwarg("eps", op.args[4 if layer else 3] if len(op.args) > (4 if layer else 3)
-                   else None)
-    prologue.norm = op.name
-    prologue.eps = float(eps if eps is not None else 1e-5 if layer
-                         else torch.finfo(op.out.dtype).eps)
-    text = "(a_in - row_mean) * row_rstd" if layer else "a_in * row_rstd"
-    if isinstance(weight, Ref):
-        text = f"{text} * {value[weight]}"
-    if isinstance(bias, Ref):
-        text = f"{text} + {value[bias]}"
+    prologue.norm, prologue.eps = op.name, parsed.eps
+    text = "(a_in - row_mean) * row_rstd" if op.name == "layer_norm" else "a_in * row_rstd"
+    if isinstance(parsed.weight, Ref):
+        text = f"{text} * {value[parsed.weight]}"
+    if isinstance(parsed.bias, Ref):
+        text = f"{text} + {value[parsed.bias]}"
     return text
 
 
