@@ -45,3 +45,9 @@ def test_config_defaults_depend_on_the_device_and_need_two_seeds():
     with pytest.raises(ValueError, match="two seeds"):
         EvalConfig(device="cpu", seeds=(0,))
     assert EvalConfig.from_dict(EvalConfig(device="cpu").to_dict()) == EvalConfig(device="cpu")
+
+
+def test_a_timing_after_the_checks_warms_up_only_where_something_warms():
+    assert EvalConfig(device="cpu").warmup_after_checks == 0
+    assert EvalConfig(device="cpu", warmup=2).warmup_after_checks == 2
+    assert EvalConfig(device="cuda").warmup_after_checks == 10

@@ -120,6 +120,15 @@ class EvalConfig:
         return DEFAULT_WARMUP[self.device] if self.warmup is None else self.warmup
 
     @property
+    def warmup_after_checks(self) -> int:
+        """Warm-up calls a timing needs after the checks have called the model in the same
+        process: none on the CPU, where nothing warms (no clocks, and the interpreter compiles
+        nothing), unless `warmup` asks for some."""
+        if self.warmup is None and self.device == "cpu":
+            return 0
+        return self.warmup_count
+
+    @property
     def warmup_time_ms(self) -> float:
         return DEFAULT_WARMUP_MS[self.device]
 

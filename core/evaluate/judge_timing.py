@@ -65,7 +65,7 @@ def time_candidate(models: Models, candidate_sets: list[list[object]],
         return result.milliseconds
 
     began = time.perf_counter()
-    while calls < config.warmup_count or (time.perf_counter() - began) * 1e3 < \
+    while calls < config.warmup_after_checks or (time.perf_counter() - began) * 1e3 < \
             config.warmup_time_ms:
         call()
     samples = [call() for _ in range(config.trial_count)]
@@ -87,7 +87,7 @@ def time_both(verdict: Verdict, models: Models, pristine: list[object], device: 
     with lock.exclusive():
         candidate = time_candidate(models, candidate_sets, plain_sets, references, config,
                                    anchors, deadline)
-        baseline = time_model(models.reference, plain_sets, device, config.warmup_count,
+        baseline = time_model(models.reference, plain_sets, device, config.warmup_after_checks,
                               config.trial_count, config.warmup_time_ms)
     for copies in candidate_sets:
         for copy in copies:
