@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import torch
+import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
 from core.profile.roofline import GpuPeaks
 from core.profile.sites import find_sites
 from core.runtime.capture import capture
-from core.runtime.ops import op_info
+from core.runtime.ops import function_name, op_info
 from core.runtime.partition import partition
 from core.runtime.segments import segments
 from tests import models
@@ -294,3 +295,42 @@ def test_values_nothing_uses_are_not_sites_but_mutations_stay():
         out = captured.compiled(x)
     torch.testing.assert_close(out, torch.softmax(x, dim=-1) * 2)
     assert model.steps.item() == steps + 1
+
+
+def _dynamo_graph(model: nn.Module, inputs: tuple) -> fx.Graph:
+    graphs: list[fx.GraphModule] = []
+
+    def keep(gm: fx.GraphModule, example_inputs: list) -> object:
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(model, backend=keep)(*inputs)
+    return graphs[0].graph
+
+
+def test_operators_recorded_as_methods_cut_as_operators_do():
+    """torch 2.11's Dynamo records `mask == 0` as `mask.__eq__(0)`: the same sites either way."""
+
+    class Model(nn.Module):
+        def forward(self, q, k, v, mask, x):
+            w = (q @ k.transpose(-2, -1) * 0.25).masked_fill(mask == 0, float("-inf"))
+            return w.softmax(-1) @ v, 1.0 - x.sigmoid()
+
+    inputs = (torch.randn(2, 5, 8), torch.randn(2, 7, 8), torch.randn(2, 7, 8),
+              (torch.rand(2, 5, 7) < 0.7).float(), torch.randn(6))
+    written = {"eq": ("__eq__", False), "sub": ("__rsub__", True)}
+
+    def cut(as_methods: bool) -> list[tuple[str, list[str]]]:
+        graph = _dynamo_graph(Model(), inputs)
+        for node in graph.nodes:
+            name = function_name(node.target) if node.op == "call_function" else None
+            if as_methods and name in written:
+                method, swapped = written[name]
+                node.op, node.target = "call_method", method
+                node.args = tuple(reversed(node.args)) if swapped else node.args
+        return [(r.family, [op_info(n).name for n in r.nodes]) for r in partition(graph)]
+
+    as_operators = cut(False)
+    assert [family for family, _ in as_operators] == ["attention", "pointwise"]
+    assert cut(True) == as_operators

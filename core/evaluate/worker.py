@@ -14,6 +14,7 @@ copy of stdout, and everything else (the candidates' prints too) to FOLDER/stder
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -186,6 +187,11 @@ def prepare_judging(device: str) -> None:
 
     if device == "cpu":
         torch.set_num_threads(1)
+    else:
+        # pycuda's launchers are wrapped only once it is imported: here, before the zygote
+        # forks, or a CUDA candidate's launches go uncounted in its process.
+        with contextlib.suppress(ImportError):
+            import pycuda.driver  # noqa: F401
     sys.modules.setdefault("cuda_runtime", cuda_runtime)
     install_launch_counters()
 

@@ -1,11 +1,24 @@
 """Making a captured graph more functional where nothing can tell the difference, before it is cut
-into sites: values nothing uses are dropped, in-place ops on fresh values go out of place."""
+into sites: operator methods become operators, values nothing uses are dropped, in-place ops on
+fresh values go out of place."""
 
 from __future__ import annotations
 
 import torch.fx as fx
 
-from .ops import OpKind, op_info, out_of_place
+from .ops import DUNDER_OPERATORS, OpKind, op_info, out_of_place
+
+
+def operators_as_functions(graph: fx.Graph) -> None:
+    """Rewrite `a.__eq__(b)` and its kin (`call_method`) as `operator.eq(a, b)`, the form other
+    torch versions record, so that one spelling of each operator reaches the partition."""
+    for node in graph.nodes:
+        if node.op != "call_method" or node.target not in DUNDER_OPERATORS or node.kwargs:
+            continue
+        function, swapped = DUNDER_OPERATORS[str(node.target)]
+        node.op, node.target = "call_function", function
+        if swapped:
+            node.args = tuple(reversed(node.args))
 
 
 def functionalize_inplace(graph: fx.Graph) -> None:

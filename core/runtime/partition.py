@@ -30,7 +30,7 @@ import torch
 import torch.fx as fx
 
 from .attention_chain import claim_attention
-from .functional import drop_dead_values, functionalize_inplace
+from .functional import drop_dead_values, functionalize_inplace, operators_as_functions
 from .ops import OpKind, example_tensor, op_info, reduced_dims
 from .tile_norms import TILE_NORMS, tile_norm
 
@@ -422,8 +422,9 @@ def _seal(region: Region, order: dict[fx.Node, int]) -> None:
 
 
 def partition(graph: fx.Graph) -> list[Region]:
-    """Drop dead values, functionalize safe in-place ops, claim attention written out, then cut
-    `graph` into regions (in graph order)."""
+    """Spell operators one way, drop dead values, functionalize safe in-place ops, claim
+    attention written out, then cut `graph` into regions (in graph order)."""
+    operators_as_functions(graph)
     drop_dead_values(graph)
     functionalize_inplace(graph)
     claims = claim_attention(graph, _ancestors(graph))
