@@ -1,5 +1,6 @@
-"""Kernel reports: the ptxas and SASS parsers on recorded tool output, the real nvcc and cuobjdump
-on hand-written and generated CUDA, Triton under the interpreter, and the verdict's new fields."""
+"""Kernel reports: the ptxas, SASS and PTX parsers on recorded tool output, the real nvcc and
+cuobjdump on hand-written and generated CUDA, Triton's PTX compiled here, Triton under the
+interpreter, and the verdict's new fields."""
 
 from __future__ import annotations
 
@@ -9,6 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.jit import JITFunction
 
 from core.evaluate import EvalConfig, evaluate
 from core.evaluate.kernel_report import (
@@ -18,6 +24,7 @@ from core.evaluate.kernel_report import (
     candidate_report,
     cuda_source_report,
     cuda_sources,
+    parse_ptx,
     parse_ptxas,
     parse_sass,
 )
@@ -77,6 +84,50 @@ def test_sass_widths_of_each_load_form():
             ("", "HGMMA.64x128x16.F32.BF16"), ("", "STG.E.128")])
     )])
     assert parse_sass(sass) == {"k": (3, 3, ["HGMMA.64x128x16.F32.BF16"])}
+
+
+def test_ptx_widths_of_each_load_form_and_the_matrix_opcodes():
+    body = [
+        "@%p1 ld.global.v4.b32 { %r1, %r2, %r3, %r4 }, [ %rd1 + 0 ];",
+        "ld.global.L1::evict_last.L2::cache_hint.v2.f32 { %f1, %f2 }, [ %rd2 + 0 ], %rd3;",
+        "@!%p2 ld.global.b16 { %rs1 }, [ %rd4 + 0 ];",
+        "cp.async.cg.shared.global [ %r5 + 0 ], [ %rd5 + 0 ], 0x10, %r6;",
+        "cp.async.ca.shared.global [ %r7 + 0 ], [ %rd6 + 0 ], 4, %r8;",
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes "
+        "[%r9], [%rd7, {%r10, %r11}], [%r12];",
+        "ld.shared.v4.b32 { %r13, %r14, %r15, %r16 }, [ %r17 + 0 ];",
+        "st.global.v4.b32 [ %rd8 + 0 ], { %r1, %r2, %r3, %r4 };",
+        "wgmma.fence.sync.aligned;",
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%f3}, %rd9, %rd10, p, 1, 1;",
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%f4}, {%r18}, {%r19}, {%f5};"]
+    ptx = "\n".join([".visible .entry k(", "\t.param .u64 k_param_0", ")", "{",
+                     *(f"\t{line}" for line in body), "}", ".visible .entry other(", "{",
+                     "\tld.global.nc.v4.f32 { %f6 }, [ %rd11 ];", "}"])
+    assert parse_ptx(ptx) == {
+        "k": (3, 3, ["mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32",
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16"]),
+        "other": (1, 0, [])}
+
+
+def _scaled(source, target, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    tl.store(target + offsets, tl.load(source + offsets, mask=mask) * 2.0, mask=mask)
+
+
+@pytest.mark.parametrize("aligned,wide", [(True, True), (False, False)])
+def test_triton_ptx_compiled_here_shows_its_vector_loads(aligned, wide, tmp_path):
+    """Compiled for sm_90 with no GPU: pointers known 16-byte aligned load 16 bytes at once."""
+    hints = {(i,): [["tt.divisibility", 16]] for i in range(3)} if aligned else {}
+    # Compiled, not interpreted, whatever TRITON_INTERPRET says (the tests set it).
+    source = ASTSource(JITFunction(_scaled), {"source": "*fp32", "target": "*fp32", "n": "i32",
+                                 "BLOCK": "constexpr"}, constexprs={"BLOCK": 1024}, attrs=hints)
+    with triton.knobs.cache.scope():
+        triton.knobs.cache.dir = str(tmp_path)
+        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32))
+    wide_loads, narrow_loads, matrix = parse_ptx(compiled.asm["ptx"])[compiled.name]
+    assert (wide_loads > 0, narrow_loads > 0, matrix) == (wide, not wide, []), \
+        (wide_loads, narrow_loads)
 
 
 def test_real_tools_give_the_recorded_figures():

@@ -6,8 +6,10 @@ No hardware counters: these figures come from the compiler and the machine code 
   memory per kernel) and the cubin is read back with `cuobjdump -sass` (the width of every
   global load, the matrix instructions used).
 - Triton kernels report what Triton's compiled kernel objects carry once they have run on a GPU
-  (`n_regs`, `n_spills`, `metadata.shared`, `metadata.num_warps`) and the SASS of their cubin.
-  Under the Triton interpreter nothing is compiled, and the report says so.
+  (`n_regs`, `n_spills`, `metadata.shared`, `metadata.num_warps`) and the PTX Triton emitted (the
+  width of every global load, the matrix instructions): read in the process, where running
+  cuobjdump on the cubin took about half a second a candidate on an H200 (bench/NOTES.md,
+  2026-12-05 12:00 UTC). Under the Triton interpreter nothing is compiled, and the report says so.
 """
 
 from __future__ import annotations
@@ -46,6 +48,15 @@ _PTXAS_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, "
                           r"(\d+) bytes spill loads")
 _PTXAS_USED = re.compile(r"Used (\d+) registers")
 _PTXAS_SMEM = re.compile(r"(\d+) bytes smem")
+# PTX of global loads (`ld.global.v4.b32`, `cp.async.cg.shared.global [..], [..], 16`, bulk and
+# tensor copies) and matrix instructions (`mma.sync...`, `wgmma.mma_async...`).
+PTX_TYPE_BYTES = {**dict.fromkeys(("b8", "u8", "s8"), 1),
+                  **dict.fromkeys(("b16", "u16", "s16", "f16", "bf16"), 2),
+                  **dict.fromkeys(("b32", "u32", "s32", "f32"), 4),
+                  **dict.fromkeys(("b64", "u64", "s64", "f64"), 8), "b128": 16}
+_PTX_ENTRY = re.compile(r"^\s*(?:\.visible\s+)?\.entry\s+(\w+)")
+_PTX_INSTRUCTION = re.compile(r"^\s*(?:@!?%\w+\s+)?([a-z][\w.:]*)(.*)")
+_PTX_COPY_SIZE = re.compile(r"\]\s*,\s*(0x[0-9a-fA-F]+|\d+)")
 _SASS_FUNCTION = re.compile(r"^\s*Function : (\S+)")
 _SASS_INSTRUCTION = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?\w+\s+)?([A-Z][A-Z0-9_]*(?:\.\w+)*)")
 
@@ -147,6 +158,46 @@ def parse_sass(sass: str) -> dict[str, tuple[int, int, list[str]]]:
     return {name: (wide, narrow, sorted(matrix)) for name, (wide, narrow, matrix) in found.items()}
 
 
+def _ptx_load_bytes(opcode: str, operands: str) -> int | None:
+    """Bytes one PTX instruction loads from global memory; None when it loads none (0: a bulk
+    or tensor copy, which counts as wide whatever its size)."""
+    parts = opcode.split(".")
+    if parts[:2] == ["cp", "async"]:
+        if "bulk" in parts:
+            return 0 if any(p.startswith("global") for p in parts) else None
+        size = _PTX_COPY_SIZE.search(operands)
+        return int(size[1], 0) if size and "global" in parts else None
+    if parts[:2] != ["ld", "global"]:
+        return None
+    vector = next((int(p[1:]) for p in parts if re.fullmatch(r"v\d+", p)), 1)
+    element = next((PTX_TYPE_BYTES[p] for p in reversed(parts) if p in PTX_TYPE_BYTES), 4)
+    return vector * element
+
+
+def parse_ptx(ptx: str) -> dict[str, tuple[int, int, list[str]]]:
+    """Per entry function of Triton's PTX: wide and narrow global loads, matrix opcodes."""
+    found: dict[str, tuple[int, int, set[str]]] = {}
+    name = None
+    for line in ptx.splitlines():
+        if header := _PTX_ENTRY.match(line):
+            name = header[1]
+            found[name] = (0, 0, set())
+            continue
+        instruction = _PTX_INSTRUCTION.match(line)
+        if instruction is None or name is None:
+            continue
+        opcode, operands = instruction[1], instruction[2]
+        wide, narrow, matrix = found[name]
+        width = _ptx_load_bytes(opcode, operands)
+        if width is not None:
+            wide, narrow = ((wide + 1, narrow) if width == 0 or width >= WIDE_LOAD_BYTES
+                            else (wide, narrow + 1))
+        elif opcode.startswith(("mma.", "wgmma.mma_async.")):
+            matrix.add(opcode)
+        found[name] = (wide, narrow, matrix)
+    return {name: (wide, narrow, sorted(matrix)) for name, (wide, narrow, matrix) in found.items()}
+
+
 def find_tool(name: str) -> str:
     """nvcc or cuobjdump: on PATH, in the CUDA toolkit, or (cuobjdump) the copy Triton ships."""
     found = shutil.which(name)
@@ -243,14 +294,15 @@ def compiled_triton_stats(compiled: Any) -> tuple[KernelStats, str]:
                  "stack_bytes": "Triton n_spills × 4 (the kernel's local memory per thread)",
                  "shared_bytes": "Triton metadata.shared",
                  "threads": "Triton metadata.num_warps × 32"})
-    cubin = compiled.asm.get("cubin")
-    if cubin is None:
-        return kernel, f"{kernel.name}: Triton kept no cubin, so no load widths"
-    with tempfile.TemporaryDirectory(prefix="kiln-report-") as folder:
-        path = Path(folder) / "kernel.cubin"
-        path.write_bytes(cubin)
-        note = add_sass({kernel.name: kernel}, path, "cuobjdump -sass of Triton's cubin")
-    return kernel, note
+    ptx = compiled.asm.get("ptx")
+    if ptx is None:
+        return kernel, f"{kernel.name}: Triton kept no PTX, so no load widths"
+    found = parse_ptx(ptx).get(kernel.name)
+    if found is None:
+        return kernel, f"{kernel.name}: its PTX has no entry of that name, so no load widths"
+    kernel.wide_loads, kernel.narrow_loads, kernel.matrix_ops = found
+    kernel.sources.update(loads="Triton's PTX", matrix_ops="Triton's PTX")
+    return kernel, ""
 
 
 def triton_report(module: ModuleType) -> KernelReport:
