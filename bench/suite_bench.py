@@ -13,9 +13,10 @@ CPU: a model whose speed depends on how fast Python launches its kernels times s
 other runs, so run whole models with `--parallel 1` for figures to keep.
 
 The table gives, per entry: whether the installed model passed the end-to-end check, its time
-against eager, against torch.compile and against the faster of the two, Amdahl's prediction,
-the time spent, the candidates tried and the tiers of the installed kernels; then the
-geometric means over the suite. The table is printed and written to `DIR/suite.md` as each
+(each the median of the end-to-end check's rounds timed in turns, with the widest range of one
+model's rounds) against eager, against torch.compile and against the faster of the two,
+Amdahl's prediction, the time spent, the candidates tried and the tiers of the installed kernels;
+then the geometric means over the suite. The table is printed and written to `DIR/suite.md` as each
 entry finishes, so an interrupted run keeps what it measured; each entry's JSON report and
 log are kept beside it, in `DIR/<entry>/`.
 """
@@ -51,6 +52,7 @@ class Outcome:
     tried: int
     tiers: str
     note: str
+    spread_ms: float = math.nan  # the widest range of one model's end-to-end rounds
 
     @property
     def vs_best(self) -> float:
@@ -96,7 +98,8 @@ def outcome_of(item: SuiteEntry, report: dict, minutes: float) -> Outcome:
     if not e2e["correct"]:
         note = f"{e2e['reason'][:160]}; {note}"
     return Outcome(item.name, item.dtype, e2e["correct"], e2e["eager_ms"], e2e["compile_ms"],
-                   e2e["optimized_ms"], e2e["predicted_speedup"], minutes, tried, tiers, note)
+                   e2e["optimized_ms"], e2e["predicted_speedup"], minutes, tried, tiers, note,
+                   e2e.get("spread_ms", math.nan))
 
 
 def geomean(values: list[float]) -> float:
@@ -105,14 +108,14 @@ def geomean(values: list[float]) -> float:
 
 
 def table(outcomes: list[Outcome]) -> str:
-    lines = ["| entry | dtype | e2e check | eager ms | compile ms | Kiln ms | vs eager "
-             "| vs compile | vs faster | predicted vs eager | minutes | tried | installed "
-             "tiers | note |", "|" + " --- |" * 14]
+    lines = ["| entry | dtype | e2e check | eager ms | compile ms | Kiln ms | spread ms "
+             "| vs eager | vs compile | vs faster | predicted vs eager | minutes | tried "
+             "| installed tiers | note |", "|" + " --- |" * 15]
     for o in outcomes:
         check = {True: "correct", False: "WRONG", None: "failed"}[o.correct]
         lines.append(
             f"| {o.name} | {o.dtype} | {check} | {o.eager_ms:.4f} | {o.compile_ms:.4f} "
-            f"| {o.optimized_ms:.4f} | {o.eager_ms / o.optimized_ms:.2f}x "
+            f"| {o.optimized_ms:.4f} | {o.spread_ms:.4f} | {o.eager_ms / o.optimized_ms:.2f}x "
             f"| {o.compile_ms / o.optimized_ms:.2f}x | {o.vs_best:.2f}x | {o.predicted:.2f}x "
             f"| {o.minutes:.1f} | {o.tried} | {o.tiers} | {o.note} |")
     done = [o for o in outcomes if o.correct is not None]

@@ -151,6 +151,8 @@ def test_the_markdown_report_carries_the_figures(tmp_path):
     assert f"| `{kernels[0].key}` | 3 | 1.0000 | 0.8000 | triton | 0.4000 | 2.00x |" in text
     assert "linear → gelu \\| f32[4,8]" in text
     assert "custom op" not in text and "indicative" not in text
+    assert f"each time the median of 5 rounds timed in turns, whose range was at most " \
+           f"{e2e['spread_ms']:.4f} ms" in text
     e2e["untraceable"] = {kernels[0].key: "RuntimeError: reads tensor data"}
     text = markdown_report(report_of(e2e, kernels[0].key, "cuda"))
     assert f"- `{kernels[0].key}`: RuntimeError: reads tensor data" in text
@@ -271,3 +273,5 @@ def test_a_gain_within_the_spread_of_the_rounds_is_no_gain(tmp_path):
     assert result.installed == [second.key]
     assert "not faster by more than the rounds' spread of 0.5000 ms" in result.removed[first.key]
     assert result.optimized_ms == 9.0
+    # The widest range behind the figures: the baseline's rounds, 9.9 to 10.3 ms.
+    assert (result.rounds, result.spread_ms) == (5, pytest.approx(0.4))

@@ -14,7 +14,7 @@ from core.runtime.errors import KilnInputError
 def outcome(name: str, eager: float, compiled: float, kiln: float,
             correct: bool | None = True) -> Outcome:
     return Outcome(name, "bf16", correct, eager, compiled, kiln, eager / kiln, 1.5, 12,
-                   "triton", "")
+                   "triton", "", spread_ms=0.01)
 
 
 def test_only_and_skip_pick_entries_in_suite_order():
@@ -47,8 +47,10 @@ def test_the_table_compares_against_the_faster_baseline_and_means_over_runs_that
             Outcome("c", "fp32", None, math.nan, math.nan, math.nan, math.nan, 0.2, 0, "-",
                     "failed (1): out of memory")]
     text = table(rows)
-    assert "| a | bf16 | correct | 2.0000 | 1.0000 | 0.5000 | 4.00x | 2.00x | 2.00x |" in text
-    assert "| b | bf16 | correct | 1.0000 | 4.0000 | 2.0000 | 0.50x | 2.00x | 0.50x |" in text
+    assert "| a | bf16 | correct | 2.0000 | 1.0000 | 0.5000 | 0.0100 | 4.00x | 2.00x | 2.00x |" \
+        in text
+    assert "| b | bf16 | correct | 1.0000 | 4.0000 | 2.0000 | 0.0100 | 0.50x | 2.00x | 0.50x |" \
+        in text
     assert "| c | fp32 | failed |" in text and "out of memory" in text
     # Over a and b only: vs eager sqrt(4 * 0.5), vs compile 2, vs the faster sqrt(2 * 0.5).
     assert "Geometric mean over 2 entries: 1.414x vs eager, 2.000x vs torch.compile, " \

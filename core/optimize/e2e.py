@@ -117,6 +117,8 @@ class EndToEnd:
     calls: dict[str, int] = field(default_factory=dict)  # kernel calls and fallbacks
     # site key: why its kernel ran through its custom op, not traced into inductor's graph
     untraceable: dict[str, str] = field(default_factory=dict)
+    rounds: int = ROUNDS  # each time above is the median of this many rounds timed in turns
+    spread_ms: float = 0.0  # the widest range of one model's rounds behind those times
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -199,6 +201,14 @@ def correctness_text(e2e: dict[str, object], wrong: str = "wrong") -> str:
     return f"{verdict} on fresh inputs ({errors})"
 
 
+def rounds_text(e2e: dict[str, object]) -> str:
+    """How the times were taken, for the reports ('' for runs stored before it was kept)."""
+    if "spread_ms" not in e2e:
+        return ""
+    return (f"; each time the median of {e2e['rounds']} rounds timed in turns, whose range "
+            f"was at most {e2e['spread_ms']:.4f} ms")
+
+
 class EndToEndCheck:
     """Installs the winners in `model`, checks the result and times it against eager and
     torch.compile."""
@@ -217,6 +227,7 @@ class EndToEndCheck:
         self.progress = progress
         self.config = eval_config or EvalConfig(device=device)
         self.input_sets = [list(fresh_like(inputs, seed)) for seed in FRESH_SEEDS]
+        self.kept_spread_ms = 0.0  # the rounds' spread of the comparison that kept the last kernel
 
     def time(self, run: Callable) -> float:
         """One round's median of `run`, by the evaluator's timing rules."""
@@ -272,7 +283,9 @@ class EndToEndCheck:
         baseline's time when none is kept)."""
         if not self.drop_slower and gains:
             installed = self._install(gains, rest)
-            return gains, installed, self.compare(installed, baseline).with_ms
+            comparison = self.compare(installed, baseline)
+            self.kept_spread_ms = comparison.spread_ms
+            return gains, installed, comparison.with_ms
         kept: list[SiteGain] = []
         installed, model_ms = None, 0.0
         for gain in gains:
@@ -281,6 +294,7 @@ class EndToEndCheck:
             if comparison.pays:
                 kept.append(gain)
                 installed, model_ms = with_it, comparison.with_ms
+                self.kept_spread_ms = comparison.spread_ms
             else:
                 removed[gain.kernel.key] = comparison.why_not()
                 self.progress.step(f"end to end: {gain.kernel.key} did not make the model "
@@ -335,4 +349,5 @@ class EndToEndCheck:
                                                 [g for g in kept if g.kernel.key in ran]),
             compile_max_rel_err=compiled_deviation.max_rel_err, rest=rest,
             timing="gpu" if self.device == "cuda" else "cpu",
-            installed=ran, removed=removed, calls=calls, untraceable=untraceable)
+            installed=ran, removed=removed, calls=calls, untraceable=untraceable,
+            spread_ms=max(times.spread_ms, self.kept_spread_ms if ran else 0.0))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from core.optimize.e2e import INDICATIVE, NOTHING_INSTALLED, correctness_text
+from core.optimize.e2e import INDICATIVE, NOTHING_INSTALLED, correctness_text, rounds_text
 
 
 def _ms(value: float | None) -> str:
@@ -36,7 +36,8 @@ def _end_to_end(e2e: dict) -> list[str]:
                     f"{e2e['predicted_speedup']:.2f}x"]
         lines = ["## End to end", "",
                  f"{len(e2e['installed'])} kernel(s) installed, every other op run by "
-                 f"{e2e['rest']}; {verdict}. Timing: {timing}.", "", *_table(header, [row])]
+                 f"{e2e['rest']}; {verdict}. Timing: {timing}{rounds_text(e2e)}.", "",
+                 *_table(header, [row])]
     if e2e["removed"]:
         lines += ["", "Kernels taken out:", ""]
         lines += [f"- `{key}`: {why}" for key, why in e2e["removed"].items()]

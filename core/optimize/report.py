@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from core.optimize.e2e import INDICATIVE, NOTHING_INSTALLED, correctness_text
+from core.optimize.e2e import INDICATIVE, NOTHING_INSTALLED, correctness_text, rounds_text
 from generators.compiler.site import declined
 
 
@@ -40,8 +40,9 @@ def print_end_to_end(e2e: dict, out=sys.stdout) -> None:
               f"torch.compile {e2e['compile_ms']:.4f} ms)", file=out)
     else:
         verdict = correctness_text(e2e, wrong="WRONG")
-        print(f"\nend to end ({timing}): the model with {len(e2e['installed'])} kernel(s) "
-              f"installed, the rest {e2e['rest']}: {verdict}", file=out)
+        print(f"\nend to end ({timing}{rounds_text(e2e)}): the model with "
+              f"{len(e2e['installed'])} kernel(s) installed, the rest {e2e['rest']}: {verdict}",
+              file=out)
         header = f"{'eager ms':>10} {'compile ms':>11} {'Kiln ms':>10}"
         row = f"{e2e['eager_ms']:10.4f} {e2e['compile_ms']:11.4f} {e2e['optimized_ms']:10.4f}"
         if not cpu:
