@@ -88,7 +88,7 @@ def time_both(verdict: Verdict, models: Models, pristine: list[object], device: 
         candidate = time_candidate(models, candidate_sets, plain_sets, references, config,
                                    anchors, deadline)
         baseline = time_model(models.reference, plain_sets, device, config.warmup_after_checks,
-                              config.trial_count, config.warmup_time_ms)
+                              config.trial_count, config.warmup_time_ms, queue_ahead=True)
     for copies in candidate_sets:
         for copy in copies:
             if isinstance(copy, SharedInput):

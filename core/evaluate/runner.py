@@ -30,7 +30,7 @@ from core.evaluate.transport import close_all, receive, send
 from core.runtime.problem_loader import import_file
 from core.timing.model_timing import make_flush
 from core.timing.precision import hold_candidate_to
-from core.timing.timer import synchronize, time_once
+from core.timing.timer import SITE_QUEUE_MARGIN_MS, QueueAhead, synchronize, time_once
 
 
 def error_report(err: BaseException, candidate_path: Path) -> dict[str, Any]:
@@ -61,6 +61,9 @@ class Runner:
         self.candidate_path = Path()
         self.allocations: list[Allocation] = []
         self.flush = make_flush(device)
+        # Every call is timed as its device's work alone: the guard's Python around it is the
+        # evaluator's, which the installed kernel never runs (core.timing.timer).
+        self.queue = QueueAhead(device, SITE_QUEUE_MARGIN_MS) if device.type == "cuda" else None
 
     def serve(self) -> None:
         while True:
@@ -114,7 +117,8 @@ class Runner:
         synchronize(self.device)
         returned: list[object] = []
         with torch.no_grad(), guard:
-            milliseconds = time_once(lambda: returned.append(self.model(*inputs)), self.device)
+            milliseconds = time_once(lambda: returned.append(self.model(*inputs)), self.device,
+                                     self.queue)
         self.allocations = guard.allocations
         self.side.keep += [returned, guard]  # the outputs' memory, alive until the reply is sent
         out_fds: list[int] = []

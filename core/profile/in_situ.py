@@ -38,7 +38,7 @@ from core.profile.load import LoadedModel
 from core.profile.sites import SiteTable
 from core.runtime.capture import Capture, Mark
 from core.timing.device_lock import device_lock_path, exclusive_device
-from core.timing.timer import TimingStats, synchronize, time_once
+from core.timing.timer import QueueAhead, TimingStats, synchronize, time_once
 
 _OUTSIDE = -1  # the graph index of the marks around a whole forward
 _PROBE = -2  # the graph index of the marks that measure what a mark costs
@@ -96,26 +96,6 @@ def device_label(device: torch.device) -> str:
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name(device)} (CUDA events)"
     return "CPU (wall clock; CPU timings, not GPU)"
-
-
-class QueueAhead:
-    """Keeps a GPU busy while the CPU enqueues a forward, so launches never starve it."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.enabled = device.type == "cuda"
-        self.cycles_per_ms = 0.0
-        self.sleep_cycles = 0
-        if self.enabled:
-            probe = 2_000_000
-            self.cycles_per_ms = probe / time_once(lambda: torch.cuda._sleep(probe), device)
-
-    def fit(self, enqueue_ms: float) -> None:
-        # Twice the measured enqueue time, plus a millisecond, covers the CPU's jitter.
-        self.sleep_cycles = int((2 * enqueue_ms + 1) * self.cycles_per_ms)
-
-    def __call__(self) -> None:
-        if self.enabled and self.sleep_cycles:
-            torch.cuda._sleep(self.sleep_cycles)
 
 
 def _elapsed_ms(first: Mark, mark: Mark) -> float:

@@ -14,7 +14,13 @@ from collections.abc import Callable
 
 import torch
 
-from core.timing.timer import TimingStats, synchronize, time_callable
+from core.timing.timer import (
+    SITE_QUEUE_MARGIN_MS,
+    QueueAhead,
+    TimingStats,
+    synchronize,
+    time_callable,
+)
 
 # The flush buffer is twice the L2 size: H200's L2 is 60 MiB, so 120 MiB.
 FLUSH_FACTOR = 2
@@ -80,6 +86,7 @@ def time_model(
     warmup: int,
     trials: int,
     warmup_ms: float = 0.0,
+    queue_ahead: bool = False,
 ) -> TimingStats:
     """Median latency of `model(*inputs)`, rotating through `input_sets`, L2 flushed each trial.
 
@@ -88,7 +95,8 @@ def time_model(
     microsecond-scale calls does not get it there. Wall time, not a count derived from the
     kernel's own time: for a kernel of microseconds that count meant thousands of flushed
     calls, over a second per model, and the evaluation pool slowed to a crawl (bench/NOTES.md,
-    the evaluator's timing; bench/results/evaluate_h200.md, run C).
+    the evaluator's timing; bench/results/evaluate_h200.md, run C). `queue_ahead`: each trial
+    is queued behind a sleep on the GPU, so its time is the device's alone (`timer.QueueAhead`).
     """
     flush = make_flush(device)
     position = [0]
@@ -105,6 +113,8 @@ def time_model(
         while (time.perf_counter() - begin) * 1e3 < warmup_ms:
             before_each()
             call()
-        stats = time_callable(call, device, warmup=warmup, trials=trials, before_each=before_each)
+        queue = QueueAhead(device, SITE_QUEUE_MARGIN_MS) if queue_ahead else None
+        stats = time_callable(call, device, warmup=warmup, trials=trials, before_each=before_each,
+                              queue=queue)
     synchronize(device)
     return stats

@@ -1,13 +1,19 @@
 """Timing a callable on the CPU or a CUDA device: warm-up, many trials, the median.
 
 On CUDA every trial is bracketed by events recorded on the current stream and the device is
-synchronized before the events are read, so asynchronous work cannot escape the timer.
+synchronized before the events are read, so asynchronous work cannot escape the timer. With a
+`QueueAhead`, a sleep kernel runs ahead of each trial while the CPU issues the call, so the events
+bracket the device's work and not the Python that issues it: the evaluator's guard runs Python
+around every call of a candidate that the installed kernel never runs (on an H200 the evaluator
+timed a GEMM site's kernel at 1.91 ms that ran in 1.49 ms in the model: bench/NOTES.md,
+2026-12-05 11:50-12:10 UTC), and a site's baseline is timed the same way.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -46,34 +52,93 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+# The longest sleep queued ahead of one call: a call that took longer to issue (the first,
+# which compiles) is timed with its Python, and only the calls after it sleep this long.
+MAX_QUEUE_MS = 5.0
+# The sleep's margin over twice a call's issue time where a call is timed a hundred times over
+# (a site's candidate and its baseline): a millisecond each would add a tenth of a second to
+# every evaluation.
+SITE_QUEUE_MARGIN_MS = 0.25
+_CYCLES_PER_MS: dict[torch.device, float] = {}
+
+
+class QueueAhead:
+    """Keeps a GPU busy while the CPU issues a call, so that the timer's events bracket the
+    call's device work, not the launches' Python. The sleep lasts twice the longest time a
+    recent call took to issue (`observe`) or a time given (`fit`), plus `margin_ms` for the
+    CPU's jitter; on the CPU it does nothing."""
+
+    def __init__(self, device: torch.device, margin_ms: float = 1.0) -> None:
+        self.enabled = device.type == "cuda"
+        self.margin_ms = margin_ms
+        self.sleep_cycles = 0
+        self.recent: deque[float] = deque(maxlen=5)
+        self.cycles_per_ms = _cycles_per_ms(device) if self.enabled else 0.0
+
+    def fit(self, enqueue_ms: float) -> None:
+        """Sleep long enough for a call that takes `enqueue_ms` to issue."""
+        self.sleep_cycles = int((2 * enqueue_ms + self.margin_ms) * self.cycles_per_ms)
+
+    def observe(self, enqueue_ms: float) -> None:
+        """A call took `enqueue_ms` of the CPU's time to issue: sleep long enough for the
+        slowest of the last few, up to `MAX_QUEUE_MS`."""
+        self.recent.append(enqueue_ms)
+        sleep_ms = min(2 * max(self.recent) + self.margin_ms, MAX_QUEUE_MS)
+        self.sleep_cycles = int(sleep_ms * self.cycles_per_ms)
+
+    def __call__(self) -> None:
+        if self.enabled and self.sleep_cycles:
+            torch.cuda._sleep(self.sleep_cycles)
+
+
+def _cycles_per_ms(device: torch.device) -> float:
+    """The sleep kernel's clock cycles a millisecond on `device`, measured once a process."""
+    if device not in _CYCLES_PER_MS:
+        probe = 2_000_000
+        _CYCLES_PER_MS[device] = probe / time_once(lambda: torch.cuda._sleep(probe), device)
+    return _CYCLES_PER_MS[device]
+
+
 def time_callable(
     fn: Callable[[], object],
     device: torch.device,
     warmup: int = 3,
     trials: int = 20,
     before_each: Callable[[], object] | None = None,
+    queue: QueueAhead | None = None,
 ) -> TimingStats:
-    """Median-of-trials latency of `fn()`; `before_each` runs untimed before every trial."""
+    """Median-of-trials latency of `fn()`; `before_each` runs untimed before every trial; with
+    `queue`, each trial's device time without the Python that issues it."""
     for _ in range(warmup):
         if before_each is not None:
             before_each()
+        began = time.perf_counter()
         fn()
+        if queue is not None:
+            queue.observe((time.perf_counter() - began) * 1e3)
     synchronize(device)
     samples: list[float] = []
     for _ in range(trials):
         if before_each is not None:
             before_each()
-        samples.append(time_once(fn, device))
+        samples.append(time_once(fn, device, queue))
     return TimingStats.from_samples(samples, device.type)
 
 
-def time_once(fn: Callable[[], object], device: torch.device) -> float:
-    """Milliseconds of one call of `fn()`, device work included."""
+def time_once(fn: Callable[[], object], device: torch.device,
+              queue: QueueAhead | None = None) -> float:
+    """Milliseconds of one call of `fn()`, device work included (with `queue`: on CUDA, the
+    call queued behind a sleep, so the Python that issues it is left out)."""
     if device.type == "cuda":
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
+        if queue is not None:
+            queue()
         start.record()
+        began = time.perf_counter()
         fn()
+        if queue is not None:
+            queue.observe((time.perf_counter() - began) * 1e3)
         end.record()
         # A device-wide sync, not just the end event: work escaping to another stream is
         # waited for too (and shows up as a slow next trial rather than a fast one).
