@@ -4,17 +4,15 @@ interpreter, and the verdict's new fields."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
-import triton
-import triton.language as tl
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from triton.runtime.jit import JITFunction
 
 from core.evaluate import EvalConfig, evaluate
 from core.evaluate.kernel_report import (
@@ -109,23 +107,50 @@ def test_ptx_widths_of_each_load_form_and_the_matrix_opcodes():
         "other": (1, 0, [])}
 
 
-def _scaled(source, target, n, BLOCK: tl.constexpr):
+# Compiled for sm_90 in a process of its own, with no GPU: the Triton interpreter, which the
+# tests run under, patches triton.language in the process that uses it.
+COMPILE_HERE = """
+import json, sys, tempfile
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+@triton.jit
+def scaled(source, target, n, BLOCK: tl.constexpr):
     offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < n
     tl.store(target + offsets, tl.load(source + offsets, mask=mask) * 2.0, mask=mask)
 
+found = {}
+for aligned in (True, False):
+    hints = {(i,): [["tt.divisibility", 16]] for i in range(3)} if aligned else {}
+    source = ASTSource(scaled, {"source": "*fp32", "target": "*fp32", "n": "i32",
+                                "BLOCK": "constexpr"}, constexprs={"BLOCK": 1024}, attrs=hints)
+    with tempfile.TemporaryDirectory() as cache, triton.knobs.cache.scope():
+        triton.knobs.cache.dir = cache
+        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32))
+    found[str(aligned)] = [compiled.name, compiled.asm["ptx"]]
+json.dump(found, sys.stdout)
+"""
+
+
+@pytest.fixture(scope="module")
+def compiled_ptx(tmp_path_factory) -> dict[str, list[str]]:
+    script = tmp_path_factory.mktemp("ptx") / "compile_here.py"
+    script.write_text(COMPILE_HERE)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                            env=env, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout)
+
 
 @pytest.mark.parametrize("aligned,wide", [(True, True), (False, False)])
-def test_triton_ptx_compiled_here_shows_its_vector_loads(aligned, wide, tmp_path):
-    """Compiled for sm_90 with no GPU: pointers known 16-byte aligned load 16 bytes at once."""
-    hints = {(i,): [["tt.divisibility", 16]] for i in range(3)} if aligned else {}
-    # Compiled, not interpreted, whatever TRITON_INTERPRET says (the tests set it).
-    source = ASTSource(JITFunction(_scaled), {"source": "*fp32", "target": "*fp32", "n": "i32",
-                                 "BLOCK": "constexpr"}, constexprs={"BLOCK": 1024}, attrs=hints)
-    with triton.knobs.cache.scope():
-        triton.knobs.cache.dir = str(tmp_path)
-        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32))
-    wide_loads, narrow_loads, matrix = parse_ptx(compiled.asm["ptx"])[compiled.name]
+def test_triton_ptx_compiled_here_shows_its_vector_loads(aligned, wide, compiled_ptx):
+    """Pointers known 16-byte aligned load 16 bytes at once."""
+    name, ptx = compiled_ptx[str(aligned)]
+    wide_loads, narrow_loads, matrix = parse_ptx(ptx)[name]
     assert (wide_loads > 0, narrow_loads > 0, matrix) == (wide, not wide, []), \
         (wide_loads, narrow_loads)
 
