@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from core.evaluate import EvalConfig, evaluate
+from core.evaluate import EvalConfig, Evaluator, evaluate
 from core.runtime.install import install
 from generators.base import Parent
 from generators.rules import RulesGenerator
@@ -237,15 +237,23 @@ def test_the_kernel_installed_in_the_model_keeps_it_correct(body, tmp_path):
     assert installed.stats() == {f"{kernels[0].key}: kernel": 1}, installed.stats()
 
 
+@pytest.fixture(scope="module")
+def gpu_evaluator():
+    """Four workers: a form's drafts compile side by side (the compiles are most of the time)."""
+    with Evaluator(EvalConfig(device="cuda", time=False), workers=4) as shared:
+        yield shared
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("form", list(FORMS))
-def test_every_form_and_draft_on_the_gpu(form, dtype, tmp_path):
+def test_every_form_and_draft_on_the_gpu(form, dtype, tmp_path, gpu_evaluator):
     path = attention_problem(tmp_path, *FORMS[form], dtype, head=64, queries=200, keys=200)
     graph = load_site_graph(path)
-    for config, why in [(SMALL, "small tiles"), *attention_drafts(graph)]:
-        verdict = evaluate(path, write_attention(graph, config),
-                           EvalConfig(device="cuda", time=False))
+    drafts = [(SMALL, "small tiles"), *attention_drafts(graph)]
+    verdicts = gpu_evaluator.evaluate_many([(path, write_attention(graph, config))
+                                            for config, _ in drafts])
+    for (_, why), verdict in zip(drafts, verdicts, strict=True):
         assert verdict.correct, f"{form} ({dtype}), {why}: {verdict.reason}"
 
 
