@@ -48,6 +48,16 @@ def test_the_sleep_covers_the_slowest_recent_call_within_the_cap():
     assert queue.sleep_cycles == 6250
 
 
+def test_the_fastest_clock_a_sleep_ran_at_sizes_the_next():
+    queue = QueueAhead(CPU, margin_ms=0.25)
+    queue.cycles_per_ms = 1000.0  # measured while the GPU idled at a low clock
+    queue.fit(0.5)
+    queue.clocked(1250, 0.625)  # the same sleep, at twice the clock
+    assert queue.sleep_cycles == 2500
+    queue.clocked(1250, 2.5)  # a slower sleep (the GPU shared) does not shorten the next
+    assert queue.sleep_cycles == 2500
+
+
 @pytest.mark.gpu
 def test_on_a_gpu_the_python_before_a_launch_is_left_out():
     device = torch.device("cuda")

@@ -66,29 +66,43 @@ class QueueAhead:
     """Keeps a GPU busy while the CPU issues a call, so that the timer's events bracket the
     call's device work, not the launches' Python. The sleep lasts twice the longest time a
     recent call took to issue (`observe`) or a time given (`fit`), plus `margin_ms` for the
-    CPU's jitter; on the CPU it does nothing."""
+    CPU's jitter; on the CPU it does nothing. The sleep kernel counts clock cycles: each sleep
+    is timed too (`clocked`), and the fastest clock seen sizes the next, since a GPU measured
+    idle runs its first sleeps at a fraction of its clock."""
 
     def __init__(self, device: torch.device, margin_ms: float = 1.0) -> None:
+        self.device = device
         self.enabled = device.type == "cuda"
         self.margin_ms = margin_ms
-        self.sleep_cycles = 0
+        self.sleep_ms = 0.0
         self.recent: deque[float] = deque(maxlen=5)
         self.cycles_per_ms = _cycles_per_ms(device) if self.enabled else 0.0
 
+    @property
+    def sleep_cycles(self) -> int:
+        return int(self.sleep_ms * self.cycles_per_ms)
+
     def fit(self, enqueue_ms: float) -> None:
         """Sleep long enough for a call that takes `enqueue_ms` to issue."""
-        self.sleep_cycles = int((2 * enqueue_ms + self.margin_ms) * self.cycles_per_ms)
+        self.sleep_ms = 2 * enqueue_ms + self.margin_ms
 
     def observe(self, enqueue_ms: float) -> None:
         """A call took `enqueue_ms` of the CPU's time to issue: sleep long enough for the
         slowest of the last few, up to `MAX_QUEUE_MS`."""
         self.recent.append(enqueue_ms)
-        sleep_ms = min(2 * max(self.recent) + self.margin_ms, MAX_QUEUE_MS)
-        self.sleep_cycles = int(sleep_ms * self.cycles_per_ms)
+        self.sleep_ms = min(2 * max(self.recent) + self.margin_ms, MAX_QUEUE_MS)
 
-    def __call__(self) -> None:
-        if self.enabled and self.sleep_cycles:
-            torch.cuda._sleep(self.sleep_cycles)
+    def clocked(self, cycles: int, elapsed_ms: float) -> None:
+        """A sleep of `cycles` took `elapsed_ms` on the device."""
+        if cycles and elapsed_ms > 0 and cycles / elapsed_ms > self.cycles_per_ms:
+            self.cycles_per_ms = _CYCLES_PER_MS[self.device] = cycles / elapsed_ms
+
+    def __call__(self) -> int:
+        """Queue the sleep; the cycles it lasts."""
+        cycles = self.sleep_cycles if self.enabled else 0
+        if cycles:
+            torch.cuda._sleep(cycles)
+        return cycles
 
 
 def _cycles_per_ms(device: torch.device) -> float:
@@ -132,8 +146,10 @@ def time_once(fn: Callable[[], object], device: torch.device,
     if device.type == "cuda":
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
+        slept, cycles = torch.cuda.Event(enable_timing=True), 0
         if queue is not None:
-            queue()
+            slept.record()
+            cycles = queue()
         start.record()
         began = time.perf_counter()
         fn()
@@ -143,6 +159,8 @@ def time_once(fn: Callable[[], object], device: torch.device,
         # A device-wide sync, not just the end event: work escaping to another stream is
         # waited for too (and shows up as a slow next trial rather than a fast one).
         torch.cuda.synchronize(device)
+        if queue is not None:
+            queue.clocked(cycles, slept.elapsed_time(start))
         return start.elapsed_time(end)
     begin = time.perf_counter()
     fn()
