@@ -20,6 +20,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -132,70 +133,72 @@ def parse_ptxas(log: str) -> dict[str, KernelStats]:
     return kernels
 
 
-def parse_sass(sass: str) -> dict[str, tuple[int, int, list[str]]]:
-    """Per function in `cuobjdump -sass` output: wide and narrow global loads, matrix opcodes."""
+def _count_instructions(text: str, header: re.Pattern[str],
+                        classify: Callable[[str], int | str | None]
+                        ) -> dict[str, tuple[int, int, list[str]]]:
+    """Per function of a listing (`header` names it): wide and narrow global loads and matrix
+    opcodes, as `classify` reads each line: the bytes a load moves (0 for a bulk copy, wide
+    whatever its size), a matrix opcode, or None."""
     found: dict[str, tuple[int, int, set[str]]] = {}
     name = None
-    for line in sass.splitlines():
-        if header := _SASS_FUNCTION.match(line):
-            name = header[1]
+    for line in text.splitlines():
+        if match := header.match(line):
+            name = match[1]
             found[name] = (0, 0, set())
             continue
-        instruction = _SASS_INSTRUCTION.match(line)
-        if instruction is None or name is None:
+        kind = classify(line) if name is not None else None
+        if name is None or kind is None:
             continue
-        opcode = instruction[1]
-        root, *modifiers = opcode.split(".")
         wide, narrow, matrix = found[name]
-        if root in BULK_LOAD_OPCODES:
+        if isinstance(kind, str):
+            matrix.add(kind)
+        elif kind == 0 or kind >= WIDE_LOAD_BYTES:
             wide += 1
-        elif root in LOAD_OPCODES:
-            width = next((WIDTH_MODIFIERS[m] for m in modifiers if m in WIDTH_MODIFIERS), 4)
-            wide, narrow = (wide + 1, narrow) if width >= WIDE_LOAD_BYTES else (wide, narrow + 1)
-        elif root in MATRIX_OPCODES:
-            matrix.add(opcode)
+        else:
+            narrow += 1
         found[name] = (wide, narrow, matrix)
     return {name: (wide, narrow, sorted(matrix)) for name, (wide, narrow, matrix) in found.items()}
 
 
-def _ptx_load_bytes(opcode: str, operands: str) -> int | None:
-    """Bytes one PTX instruction loads from global memory; None when it loads none (0: a bulk
-    or tensor copy, which counts as wide whatever its size)."""
+def _sass_instruction(line: str) -> int | str | None:
+    instruction = _SASS_INSTRUCTION.match(line)
+    if instruction is None:
+        return None
+    opcode = instruction[1]
+    root, *modifiers = opcode.split(".")
+    if root in BULK_LOAD_OPCODES:
+        return 0
+    if root in LOAD_OPCODES:
+        return next((WIDTH_MODIFIERS[m] for m in modifiers if m in WIDTH_MODIFIERS), 4)
+    return opcode if root in MATRIX_OPCODES else None
+
+
+def _ptx_instruction(line: str) -> int | str | None:
+    instruction = _PTX_INSTRUCTION.match(line)
+    if instruction is None:
+        return None
+    opcode, operands = instruction[1], instruction[2]
     parts = opcode.split(".")
     if parts[:2] == ["cp", "async"]:
         if "bulk" in parts:
             return 0 if any(p.startswith("global") for p in parts) else None
         size = _PTX_COPY_SIZE.search(operands)
         return int(size[1], 0) if size and "global" in parts else None
-    if parts[:2] != ["ld", "global"]:
-        return None
-    vector = next((int(p[1:]) for p in parts if re.fullmatch(r"v\d+", p)), 1)
-    element = next((PTX_TYPE_BYTES[p] for p in reversed(parts) if p in PTX_TYPE_BYTES), 4)
-    return vector * element
+    if parts[:2] == ["ld", "global"]:
+        vector = next((int(p[1:]) for p in parts if re.fullmatch(r"v\d+", p)), 1)
+        element = next((PTX_TYPE_BYTES[p] for p in reversed(parts) if p in PTX_TYPE_BYTES), 4)
+        return vector * element
+    return opcode if opcode.startswith(("mma.", "wgmma.mma_async.")) else None
+
+
+def parse_sass(sass: str) -> dict[str, tuple[int, int, list[str]]]:
+    """Per function in `cuobjdump -sass` output: wide and narrow global loads, matrix opcodes."""
+    return _count_instructions(sass, _SASS_FUNCTION, _sass_instruction)
 
 
 def parse_ptx(ptx: str) -> dict[str, tuple[int, int, list[str]]]:
     """Per entry function of Triton's PTX: wide and narrow global loads, matrix opcodes."""
-    found: dict[str, tuple[int, int, set[str]]] = {}
-    name = None
-    for line in ptx.splitlines():
-        if header := _PTX_ENTRY.match(line):
-            name = header[1]
-            found[name] = (0, 0, set())
-            continue
-        instruction = _PTX_INSTRUCTION.match(line)
-        if instruction is None or name is None:
-            continue
-        opcode, operands = instruction[1], instruction[2]
-        wide, narrow, matrix = found[name]
-        width = _ptx_load_bytes(opcode, operands)
-        if width is not None:
-            wide, narrow = ((wide + 1, narrow) if width == 0 or width >= WIDE_LOAD_BYTES
-                            else (wide, narrow + 1))
-        elif opcode.startswith(("mma.", "wgmma.mma_async.")):
-            matrix.add(opcode)
-        found[name] = (wide, narrow, matrix)
-    return {name: (wide, narrow, sorted(matrix)) for name, (wide, narrow, matrix) in found.items()}
+    return _count_instructions(ptx, _PTX_ENTRY, _ptx_instruction)
 
 
 def find_tool(name: str) -> str:
