@@ -11,12 +11,15 @@ peak device memory of a judged candidate over its site problem's input and outpu
 peak device memory of the whole run (every process of it, sampled from nvidia-smi each half
 second) over the problem's own input and output bytes.
 The table is printed and written to `DIR/evaluator_scale.md`; each run's log and JSON report are
-kept in `DIR/<problem>/`.
+kept in `DIR/<problem>/`. The same runs' end-to-end results (against eager and torch.compile,
+as `bench.suite_bench` tables them) are written to `DIR/suite.md`, so that one pass over a set
+of problems gives both.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import subprocess
 import sys
@@ -30,6 +33,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.processes import process_table  # noqa: E402
+from bench.suite_bench import Outcome, failed_outcome, outcome_of  # noqa: E402
+from bench.suite_bench import table as suite_table  # noqa: E402
 from core.evaluate.memory import problem_bytes  # noqa: E402
 from store import open_reader  # noqa: E402
 
@@ -48,6 +53,7 @@ class Row:
     run_peak_gb: float | None = None  # every process of the run together, sampled
     problem_io_gb: float = 0.0
     minutes: float = 0.0
+    outcome: Outcome | None = None  # the end-to-end result, as the suite's table has it
 
 
 class RunMemory:
@@ -102,8 +108,8 @@ def measure(problem: Path, args: argparse.Namespace, extra: list[str],
     out = args.out / problem.stem
     out.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "core.optimize", str(problem), "--device", "cuda",
-               "--budget", str(args.budget), "--json", "--db", str(out / "kiln.db"),
-               "--out", str(out), *extra]
+               "--dtype", args.dtype, "--budget", str(args.budget), "--generator", "rules",
+               "--json", "--db", str(out / "kiln.db"), "--out", str(out), *extra]
     began = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     memory.roots[process.pid] = problem.stem
@@ -114,6 +120,9 @@ def measure(problem: Path, args: argparse.Namespace, extra: list[str],
     status = "ok" if process.returncode == 0 else f"exit {process.returncode}: " + (
         stderr.strip().splitlines() or ["no output"])[-1][:100]
     row = Row(problem.stem, status, minutes=minutes)
+    row.outcome = (outcome_of(problem.stem, args.dtype, json.loads(stdout), minutes)
+                   if process.returncode == 0 else
+                   failed_outcome(problem.stem, args.dtype, minutes, process.returncode, stderr))
     whole = problem_bytes(problem)
     row.problem_io_gb = (whole.inputs + whole.outputs) / 1e9
     peak = memory.peaks.get(problem.stem)
@@ -121,6 +130,8 @@ def measure(problem: Path, args: argparse.Namespace, extra: list[str],
     if not (out / "kiln.db").exists():
         return row
     with open_reader(out / "kiln.db") as reader:
+        if not reader.runs():  # the run ended before it began (its status says why)
+            return row
         run_id = reader.latest_run_id()
         candidates = [reader.candidate(c.id) for s in reader.sites(run_id)
                       for c in reader.candidates(site_id=s.id)]
@@ -175,6 +186,7 @@ def main() -> int:
     parser.add_argument("problems", nargs="+", type=Path)
     parser.add_argument("--parallel", type=int, default=3)
     parser.add_argument("--budget", type=float, default=3.0, help="minutes per problem")
+    parser.add_argument("--dtype", default="fp32", help="the problems' dtype, as the suite's")
     parser.add_argument("--out", type=Path, default=Path("kiln-out/evaluator-scale"))
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -185,6 +197,8 @@ def main() -> int:
         for future in as_completed(futures):  # the table so far is kept if the rest is cut
             rows.append(future.result())
             (args.out / "evaluator_scale.md").write_text(table(rows) + "\n")
+            outcomes = [r.outcome for r in rows if r.outcome is not None]
+            (args.out / "suite.md").write_text(suite_table(outcomes) + "\n")
     memory.stop.set()
     text = table(rows)
     print(text)

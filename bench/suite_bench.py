@@ -77,27 +77,33 @@ def optimize(item: SuiteEntry, args: argparse.Namespace, extra: list[str]) -> Ou
     minutes = (time.perf_counter() - started) / 60
     (args.out / item.name / "optimize.log").write_text(result.stderr)
     if result.returncode != 0:
-        last = result.stderr.strip().splitlines()[-1:] or ["no output"]
-        return Outcome(item.name, item.dtype, None, math.nan, math.nan, math.nan, math.nan,
-                       minutes, 0, "-", f"failed ({result.returncode}): {last[0][:120]}")
+        return failed_outcome(item.name, item.dtype, minutes, result.returncode, result.stderr)
     (args.out / item.name / "report.json").write_text(result.stdout)
-    return outcome_of(item, json.loads(result.stdout), minutes)
+    return outcome_of(item.name, item.dtype, json.loads(result.stdout), minutes)
 
 
-def outcome_of(item: SuiteEntry, report: dict, minutes: float) -> Outcome:
-    """One row of the table from an optimize run's JSON report."""
+def failed_outcome(name: str, dtype: str, minutes: float, returncode: int,
+                   stderr: str) -> Outcome:
+    """The row of a run that exited with `returncode`: its last line of stderr says why."""
+    last = stderr.strip().splitlines()[-1:] or ["no output"]
+    return Outcome(name, dtype, None, math.nan, math.nan, math.nan, math.nan, minutes, 0, "-",
+                   f"failed ({returncode}): {last[0][:120]}")
+
+
+def outcome_of(name: str, dtype: str, report: dict, minutes: float) -> Outcome:
+    """One row of the table, for the entry `name`, from an optimize run's JSON report."""
     e2e = report["e2e"]
     tried = sum(s["evaluations"] for s in report["searched"])
     if not e2e or e2e.get("error"):
         why = (e2e or {}).get("error") or report.get("failure") or "no end-to-end check"
-        return Outcome(item.name, item.dtype, None, math.nan, math.nan, math.nan, math.nan,
+        return Outcome(name, dtype, None, math.nan, math.nan, math.nan, math.nan,
                        minutes, tried, "-", f"end to end not done: {why[:120]}")
     best = {s["id"]: s["best"]["tier"] for s in report["searched"]}
     tiers = ", ".join(sorted({best[key] for key in e2e["installed"] if key in best})) or "torch"
     note = "; ".join(f"{key} out: {why[:80]}" for key, why in e2e["removed"].items())
     if not e2e["correct"]:
         note = f"{e2e['reason'][:160]}; {note}"
-    return Outcome(item.name, item.dtype, e2e["correct"], e2e["eager_ms"], e2e["compile_ms"],
+    return Outcome(name, dtype, e2e["correct"], e2e["eager_ms"], e2e["compile_ms"],
                    e2e["optimized_ms"], e2e["predicted_speedup"], minutes, tried, tiers, note,
                    e2e.get("spread_ms", math.nan))
 

@@ -65,10 +65,11 @@ def test_geomean_ignores_what_did_not_run():
 def test_a_run_whose_end_to_end_check_failed_is_a_row_that_says_so():
     item = selected("softmax", "")[0]
     searched = [{"id": "site-a", "evaluations": 7, "best": {"tier": "triton"}}]
-    failed = outcome_of(item, {"e2e": {"error": "CUDA out of memory"}, "searched": searched},
-                        2.0)
+    failed = outcome_of(item.name, item.dtype,
+                        {"e2e": {"error": "CUDA out of memory"}, "searched": searched}, 2.0)
     assert failed.correct is None and failed.tried == 7
     assert "end to end not done: CUDA out of memory" in failed.note
-    skipped = outcome_of(item, {"e2e": None, "searched": searched, "failure": ""}, 2.0)
+    skipped = outcome_of(item.name, item.dtype,
+                         {"e2e": None, "searched": searched, "failure": ""}, 2.0)
     assert "no end-to-end check" in skipped.note
     assert "| softmax |" in table([failed, skipped])
