@@ -9,7 +9,8 @@ No hardware counters: these figures come from the compiler and the machine code 
   (`n_regs`, `n_spills`, `metadata.shared`, `metadata.num_warps`) and the PTX Triton emitted (the
   width of every global load, the matrix instructions): read in the process, where running
   cuobjdump on the cubin took a third of a small candidate's time on an H200 (bench/NOTES.md,
-  2026-12-05 12:00 UTC). Under the Triton interpreter nothing is compiled, and the report says so.
+  2026-12-05, 11:50-12:10 UTC). Under the Triton interpreter nothing is compiled, and the
+  report says so.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ synchronized before the events are read, so asynchronous work cannot escape the 
 `QueueAhead`, a sleep kernel runs ahead of each trial while the CPU issues the call, so the events
 bracket the device's work and not the Python that issues it: the evaluator's guard runs Python
 around every call of a candidate that the installed kernel never runs (on an H200 the evaluator
-timed a GEMM site's kernel well above what it cost the model: bench/NOTES.md, 2026-12-05
+timed a GEMM site's kernel well above what it cost the model: bench/NOTES.md, 2026-12-05,
 11:50-12:10 UTC), and a site's baseline is timed the same way.
 """
 
