@@ -227,7 +227,6 @@ class EndToEndCheck:
         self.progress = progress
         self.config = eval_config or EvalConfig(device=device)
         self.input_sets = [list(fresh_like(inputs, seed)) for seed in FRESH_SEEDS]
-        self.kept_spread_ms = 0.0  # the rounds' spread of the comparison that kept the last kernel
 
     def time(self, run: Callable) -> float:
         """One round's median of `run`, by the evaluator's timing rules."""
@@ -274,32 +273,31 @@ class EndToEndCheck:
         return right
 
     def _paying(self, gains: list[SiteGain], rest: str, baseline: Callable,
-                removed: dict[str, str]) -> tuple[list[SiteGain], InstalledModel | None, float]:
+                removed: dict[str, str]
+                ) -> tuple[list[SiteGain], InstalledModel | None, float, float]:
         """Kernels added one at a time, the most promising first, each kept only if the model
         is faster with it than without it beyond the spread of the rounds: one kernel can win
         alone yet cost the model more than it saves (a fusion inductor would have made across
         its site's edge, or a boundary that costs more than its site saves: bench/NOTES.md,
-        third round, suite). The kernels kept, the model with them and its time (None and the
-        baseline's time when none is kept)."""
+        third round, suite). The kernels kept, the model with them, its time (None and the
+        baseline's time when none is kept) and the rounds' spread behind that time."""
         if not self.drop_slower and gains:
             installed = self._install(gains, rest)
             comparison = self.compare(installed, baseline)
-            self.kept_spread_ms = comparison.spread_ms
-            return gains, installed, comparison.with_ms
+            return gains, installed, comparison.with_ms, comparison.spread_ms
         kept: list[SiteGain] = []
-        installed, model_ms = None, 0.0
+        installed, model_ms, spread_ms = None, 0.0, 0.0
         for gain in gains:
             with_it = self._install([*kept, gain], rest)
             comparison = self.compare(with_it, baseline if installed is None else installed)
             if comparison.pays:
                 kept.append(gain)
-                installed, model_ms = with_it, comparison.with_ms
-                self.kept_spread_ms = comparison.spread_ms
+                installed, model_ms, spread_ms = with_it, comparison.with_ms, comparison.spread_ms
             else:
                 removed[gain.kernel.key] = comparison.why_not()
                 self.progress.step(f"end to end: {gain.kernel.key} did not make the model "
                                    "faster; taken out")
-        return kept, installed, model_ms
+        return kept, installed, model_ms, spread_ms
 
     def run(self, total_ms: float, gains: list[SiteGain]) -> EndToEnd:
         with steady_threads(torch.device(self.device)):
@@ -320,7 +318,8 @@ class EndToEndCheck:
         ranked = sorted(gains, key=lambda g: -g.saved_ms)
         self.progress.step(f"end to end: {len(ranked)} kernel(s) to try, the rest to {rest}")
         right = self._correct(ranked, rest, compiled_deviation, removed)
-        kept, installed, optimized_ms = self._paying(right, rest, baseline, removed)
+        kept, installed, optimized_ms, kept_spread_ms = self._paying(right, rest, baseline,
+                                                                     removed)
         deviation = compiled_deviation if rest == "inductor" else Deviation("", 0.0, 0.0)
         ran: list[str] = []
         calls: dict[str, int] = {}
@@ -350,4 +349,4 @@ class EndToEndCheck:
             compile_max_rel_err=compiled_deviation.max_rel_err, rest=rest,
             timing="gpu" if self.device == "cuda" else "cpu",
             installed=ran, removed=removed, calls=calls, untraceable=untraceable,
-            spread_ms=max(times.spread_ms, self.kept_spread_ms if ran else 0.0))
+            spread_ms=max(times.spread_ms, kept_spread_ms if ran else 0.0))
