@@ -8,7 +8,7 @@ relative one would fail harmless rounding next to zero.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -93,22 +93,19 @@ def pieces(*tensors: torch.Tensor) -> Iterator[tuple[int, tuple[torch.Tensor, ..
             yield start * row + offset, piece
 
 
-@dataclass
-class Found:
-    """Elements of a tensor where a condition held: how many, and the first one's flat index."""
+def first_where(tensors: tuple[torch.Tensor, ...],
+                condition: Callable[..., torch.Tensor]) -> int | None:
+    """The flat index of the first element where `condition` holds over the pieces of
+    `tensors`, or None: read only once a count has said there is one."""
+    for offset, piece in pieces(*tensors):
+        hits = condition(*piece).nonzero()
+        if hits.numel():
+            return offset + int(hits[0, 0])
+    return None
 
-    count: int = 0
-    first: int | None = None
 
-    def add(self, offset: int, mask: torch.Tensor) -> None:
-        count = int(mask.sum())
-        if count and self.first is None:
-            self.first = offset + int(mask.nonzero()[0, 0])
-        self.count += count
-
-    def where(self, shape: torch.Size) -> tuple[int, ...]:
-        assert self.first is not None
-        return tuple(int(i) for i in torch.unravel_index(torch.tensor(self.first), shape))
+def unravel(index: int, shape: torch.Size) -> tuple[int, ...]:
+    return tuple(int(i) for i in torch.unravel_index(torch.tensor(index), shape))
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -141,17 +138,21 @@ def fingerprint(output: object) -> list[object]:
 
 
 def changed_inputs(before: list[object], after: list[object]) -> Mismatch | None:
-    for index, (old, new) in enumerate(zip(before, after, strict=True)):
-        if not isinstance(old, torch.Tensor):
-            continue
-        differing = Found()
-        for offset, (a, b) in pieces(old, new):
-            differing.add(offset, ~same_bits(a, b))
-        if differing.count:
-            where = differing.where(old.shape)
+    pairs = [(index, old, new) for index, (old, new) in enumerate(zip(before, after, strict=True))
+             if isinstance(old, torch.Tensor)]
+    if not pairs:
+        return None
+    # The differing elements of every input, counted on the device and read once.
+    counts = torch.stack([sum((~same_bits(a, b)).sum() for _, (a, b) in pieces(old, new))
+                          if old.numel() else torch.zeros((), dtype=torch.int64,
+                                                          device=old.device)
+                          for _, old, new in pairs]).tolist()
+    for (index, old, new), count in zip(pairs, counts, strict=True):
+        if count:
+            where = unravel(first_where((old, new), lambda a, b: ~same_bits(a, b)), old.shape)
             return Mismatch(
                 Reason.MUTATED_INPUT,
-                f"input {index} was changed in place: {differing.count} of {old.numel()} "
+                f"input {index} was changed in place: {count} of {old.numel()} "
                 f"elements differ, first at {where} ({old[where].item()!r} became "
                 f"{new[where].item()!r})",
             )
@@ -163,10 +164,35 @@ def _work_dtype(out: torch.Tensor, ref: torch.Tensor) -> torch.dtype:
     return torch.float64 if ref.dtype == torch.float64 or exact else torch.float32
 
 
+def _unwritten(o: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    return poison_mask(o) & ~poison_mask(r)
+
+
+def _special(o: torch.Tensor, r: torch.Tensor, work: torch.dtype) -> torch.Tensor:
+    """NaN where the reference has none (or the other way round), or an infinity it lacks."""
+    o, r = o.to(work), r.to(work)
+    o_nan, r_nan = o.isnan(), r.isnan()
+    infinite = (o.isinf() | r.isinf()) & (o != r) & ~(o_nan | r_nan)
+    return (o_nan != r_nan) | infinite
+
+
+def _errors(o: torch.Tensor, r: torch.Tensor, work: torch.dtype, scale: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Absolute errors, and errors relative to the reference's scale, where both are finite."""
+    o, r = o.to(work), r.to(work)
+    both = o.isfinite() & r.isfinite()
+    diff = torch.where(both, (o - r).abs(), 0)
+    ref_abs = torch.where(both, r.abs(), 0)
+    return diff, (diff / (scale + ref_abs).clamp_min(torch.finfo(work).tiny)).clamp_max(1e30)
+
+
 def compare_tensor(index: int, out: torch.Tensor, ref: torch.Tensor, tol: float,
                    tol_name: str) -> Comparison:
-    """Two passes over the pair, a piece at a time: the first finds unwritten elements,
-    NaN/Inf the reference lacks and the reference's scale; the second the errors against it."""
+    """Two passes over the pair, a piece at a time: the first counts unwritten elements and
+    NaN/Inf the reference lacks and takes the reference's scale; the second the errors against
+    it. Counts and maxima stay on the device until both passes are done, and are read once
+    (every timed call is compared too); where a first bad element lies is looked for only
+    when there is one."""
     label = f"output {index}"
     if out.shape != ref.shape:
         return Comparison(mismatch=Mismatch(
@@ -179,43 +205,47 @@ def compare_tensor(index: int, out: torch.Tensor, ref: torch.Tensor, tol: float,
         return Comparison()
     out, ref = out.detach().to(ref.device), ref.detach()
     work, exact = _work_dtype(out, ref), not out.is_floating_point()
-    unwritten, special, scale = Found(), Found(), torch.zeros((), dtype=work, device=ref.device)
-    for offset, (o, r) in pieces(out, ref):
-        unwritten.add(offset, poison_mask(o) & ~poison_mask(r))
+    unwritten = special = torch.zeros((), dtype=torch.int64, device=ref.device)
+    scale = torch.zeros((), dtype=work, device=ref.device)
+    for _, (o, r) in pieces(out, ref):
+        unwritten = unwritten + _unwritten(o, r).sum()
         o, r = o.to(work), r.to(work)
-        o_nan, r_nan = o.isnan(), r.isnan()
-        infinite = (o.isinf() | r.isinf()) & (o != r) & ~(o_nan | r_nan)
-        special.add(offset, (o_nan != r_nan) | infinite)
+        special = special + _special(o, r, work).sum()
         both = o.isfinite() & r.isfinite()
         scale = torch.maximum(scale, torch.where(both, r.abs(), 0).max())
-    if unwritten.count:
+    bad = torch.zeros((), dtype=torch.int64, device=ref.device)
+    max_abs = max_rel = torch.zeros((), dtype=work, device=ref.device)
+    for _, (o, r) in pieces(out, ref):
+        diff, rel = _errors(o, r, work, scale)
+        max_abs, max_rel = torch.maximum(max_abs, diff.max()), torch.maximum(max_rel, rel.max())
+        bad = bad + (diff > 0 if exact else rel > tol).sum()
+    read = torch.stack([unwritten.double(), special.double(), bad.double(), max_abs.double(),
+                        max_rel.double(), scale.double()]).tolist()
+    n_unwritten, n_special, n_bad = (int(count) for count in read[:3])
+    if n_unwritten:
+        where = unravel(first_where((out, ref), _unwritten), out.shape)
         return Comparison(mismatch=Mismatch(
             Reason.UNWRITTEN_OUTPUT,
-            f"{label}: {unwritten.count} of {out.numel()} elements were never written "
-            f"(they still hold the poison pattern), first at {unwritten.where(out.shape)}"))
-    if special.count:
-        where = special.where(out.shape)
+            f"{label}: {n_unwritten} of {out.numel()} elements were never written "
+            f"(they still hold the poison pattern), first at {where}"))
+    if n_special:
+        where = unravel(first_where((out, ref), lambda o, r: _special(o, r, work)), out.shape)
         return Comparison(mismatch=Mismatch(
             Reason.NAN_INF,
-            f"{label}: {special.count} elements are NaN/Inf where the reference's are not "
+            f"{label}: {n_special} elements are NaN/Inf where the reference's are not "
             f"(or the other way round), first at {where}: got {out[where].item()}, expected "
             f"{ref[where].item()}"))
-    result, bad = Comparison(), Found()
-    for offset, (o, r) in pieces(out, ref):
-        o, r = o.to(work), r.to(work)
-        both = o.isfinite() & r.isfinite()
-        ref_abs = torch.where(both, r.abs(), 0)
-        diff = torch.where(both, (o - r).abs(), 0)
-        rel = (diff / (scale + ref_abs).clamp_min(torch.finfo(work).tiny)).clamp_max(1e30)
-        result.max_abs_err = max(result.max_abs_err, float(diff.max()))
-        result.max_rel_err = max(result.max_rel_err, float(rel.max()))
-        bad.add(offset, diff > 0 if exact else rel > tol)
-    if bad.count:
-        where = bad.where(out.shape)
+    result = Comparison(max_abs_err=read[3], max_rel_err=read[4])
+    if n_bad:
+        def outside(o: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+            diff, rel = _errors(o, r, work, scale)
+            return diff > 0 if exact else rel > tol
+
+        where = unravel(first_where((out, ref), outside), out.shape)
         result.mismatch = Mismatch(
             Reason.WRONG_VALUES,
-            f"{label}: {bad.count} of {out.numel()} elements are outside the {tol_name} "
-            f"tolerance {tol:g} (relative to the reference's scale {float(scale):.4g}); worst "
+            f"{label}: {n_bad} of {out.numel()} elements are outside the {tol_name} "
+            f"tolerance {tol:g} (relative to the reference's scale {read[5]:.4g}); worst "
             f"relative error {result.max_rel_err:.3g}, absolute {result.max_abs_err:.3g}; first "
             f"at {where}: got {out[where].item():.6g}, expected {ref[where].item():.6g}")
     return result
