@@ -32,7 +32,7 @@ import torch.fx as fx
 from .attention_chain import claim_attention
 from .functional import drop_dead_values, functionalize_inplace, operators_as_functions
 from .ops import OpKind, example_tensor, op_info, reduced_dims
-from .tile_norms import TILE_NORMS, tile_norm
+from .tile_norms import TILE_NORMS, normalized_shape, tile_norm
 
 FAMILY_OF_KIND = {
     OpKind.POINTWISE: "pointwise",
@@ -395,10 +395,9 @@ def _row_norm_first(region: Region) -> bool:
     then elementwise ops: a matmul can normalize its operand's tiles from each row's
     statistics."""
     norm, rest = region.nodes[0], region.nodes[1:]
-    info = op_info(norm)
-    shape = norm.args[1] if len(norm.args) > 1 else norm.kwargs.get("normalized_shape")
-    last = isinstance(shape, int) or (isinstance(shape, tuple | list) and len(shape) == 1)
-    return (region.family == "reduction" and info.name in ROW_NORMS and last
+    shape = normalized_shape(norm.args, norm.kwargs)
+    return (region.family == "reduction" and op_info(norm).name in ROW_NORMS
+            and shape is not None and len(shape) == 1
             and all(op_info(m).kind is OpKind.POINTWISE for m in rest))
 
 

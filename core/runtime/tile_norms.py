@@ -65,13 +65,19 @@ def row_norm_arguments(name: str, args: Sequence[object], kwargs: Mapping[str, o
     (RMS norm's default epsilon is its dtype's); read here for the tiles that finish a norm and
     for the matmul prologue that starts with one."""
     layer = name == "layer_norm"
-    normalized = _arg(args, kwargs, 1, "normalized_shape")
-    normalized = (normalized,) if isinstance(normalized, int) else normalized
     eps = _arg(args, kwargs, 4 if layer else 3, "eps")
     return RowNormArguments(
-        tuple(normalized) if isinstance(normalized, tuple | list) else None,
+        normalized_shape(args, kwargs),
         _arg(args, kwargs, 2, "weight"), _arg(args, kwargs, 3, "bias") if layer else None,
         float(eps if eps is not None else 1e-5 if layer else torch.finfo(dtype).eps))
+
+
+def normalized_shape(args: Sequence[object], kwargs: Mapping[str, object]
+                     ) -> tuple[object, ...] | None:
+    """The dimensions a layer or RMS norm normalizes (None when not given as sizes)."""
+    normalized = _arg(args, kwargs, 1, "normalized_shape")
+    normalized = (normalized,) if isinstance(normalized, int) else normalized
+    return tuple(normalized) if isinstance(normalized, tuple | list) else None
 
 
 def _power_of_two(n: int) -> bool:
