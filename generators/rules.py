@@ -102,7 +102,8 @@ def _row_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
     drafts: list[tuple[object, str]] = [
         (RowConfig(num_warps=warps), f"one row of {row} per program, {warps} warps")]
     if row <= 1024:
-        rows = min(16, max(4, 4096 // max(row, 1)))
+        # A power of two (the rows are a tl.arange), 4 to 16, near 4096 values a program.
+        rows = 1 << (min(16, max(4, 4096 // max(row, 1))).bit_length() - 1)
         drafts.append((RowConfig(num_warps=4, rows=rows),
                        f"short rows of {row}: {rows} rows per program amortize the launch"))
     else:

@@ -10,7 +10,13 @@ import torch
 
 from generators.site_graph import Unsupported, load_site_graph
 from generators.triton.matmul import MatmulConfig, write_triton_matmul
-from tests.kernel_checks import assert_matches, first_draft, judged, run_beside_problem
+from tests.kernel_checks import (
+    assert_matches,
+    compile_for_sm90,
+    first_draft,
+    judged,
+    run_beside_problem,
+)
 
 SMALL = MatmulConfig(block_m=16, block_n=16, block_k=16, group_m=2, num_warps=4, num_stages=2)
 KINDS = ["sum", "mean", "amax", "amin", "logsumexp"]
@@ -93,12 +99,36 @@ def test_tail_views_and_reductions_over_single_values_like_kernelbench_18(tmp_pa
     assert source.count("def row_kernel(") == 1
 
 
-def test_rows_longer_than_one_step_of_partials(tmp_path):
+@pytest.mark.parametrize("kind", KINDS)
+def test_rows_longer_than_one_step_of_partials(kind, tmp_path):
     # 70 column tiles of 16: the row kernel walks the partials 64 at a time.
-    body = ["r = torch.logsumexp(v, dim=-1)"]
+    body = [f"r = torch.{kind}(v, dim=-1)"]
     path = write(tmp_path / "problem.py", body, "r", "mm", {"m": 3, "n": 1117, "k": 2},
                  torch.float32)
     check(path)
+
+
+def test_every_row_kernel_compiles_for_sm90_over_several_steps(tmp_path):
+    """Triton's compiler, not its interpreter, on each kind's row kernel walking 128 partials
+    64 at a time (a step's folded value carried across the loop failed to compile on sm_90:
+    bench/NOTES.md, 2026-12-05, 11:50-12:10 UTC)."""
+    signature = {"part_ptr": "*fp32", "row_out0_ptr": "*fp32", "ROWS": "i32",
+                 "COLUMNS": "i32", "TILES": "constexpr", "BLOCK_R": "constexpr",
+                 "BLOCK_T": "constexpr"}
+    results = {}
+    for kind in KINDS:
+        folder = tmp_path / kind
+        folder.mkdir()
+        path = write(folder / "problem.py", [f"r = torch.{kind}(v, dim=-1)"], "r", "linear",
+                     {"m": 32, "n": 64, "k": 16}, torch.float32)
+        module = folder / "model_new.py"
+        module.write_text(write_triton_matmul(load_site_graph(path), SMALL))
+        results |= compile_for_sm90(module, [
+            {"name": kind, "kernel": "row_kernel", "signature": signature,
+             "constexprs": {"TILES": 128, "BLOCK_R": 32, "BLOCK_T": 64},
+             "aligned": [0, 1, 2, 3]}])
+    failed = {kind: r["error"][-400:] for kind, r in results.items() if "error" in r}
+    assert not failed, failed
 
 
 def test_infinite_rows_reduce_as_pytorch_does(tmp_path):

@@ -4,9 +4,6 @@ interpreter, and the verdict's new fields."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -32,7 +29,7 @@ from generators.cuda.pointwise import CudaPointwiseConfig, write_cuda_pointwise
 from generators.cuda.row_reduction import CudaReductionConfig, write_cuda_reduction
 from generators.site_graph import load_site_graph
 from generators.triton.pointwise import PointwiseConfig, write_pointwise
-from tests.kernel_checks import one_input_problem
+from tests.kernel_checks import compile_for_sm90, one_input_problem
 
 DATA = Path(__file__).parent / "data" / "kernel_report"
 # Recorded with `nvcc -arch=sm_90 -cubin --resource-usage` (CUDA 13.0) on the sources beside
@@ -107,50 +104,34 @@ def test_ptx_widths_of_each_load_form_and_the_matrix_opcodes():
         "other": (1, 0, [])}
 
 
-# Compiled for sm_90 in a process of its own, with no GPU: the Triton interpreter, which the
-# tests run under, patches triton.language in the process that uses it.
-COMPILE_HERE = """
-import json, sys, tempfile
-import triton
+SCALED = """import triton
 import triton.language as tl
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+
 
 @triton.jit
 def scaled(source, target, n, BLOCK: tl.constexpr):
     offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < n
     tl.store(target + offsets, tl.load(source + offsets, mask=mask) * 2.0, mask=mask)
-
-found = {}
-for aligned in (True, False):
-    hints = {(i,): [["tt.divisibility", 16]] for i in range(3)} if aligned else {}
-    source = ASTSource(scaled, {"source": "*fp32", "target": "*fp32", "n": "i32",
-                                "BLOCK": "constexpr"}, constexprs={"BLOCK": 1024}, attrs=hints)
-    with tempfile.TemporaryDirectory() as cache, triton.knobs.cache.scope():
-        triton.knobs.cache.dir = cache
-        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32))
-    found[str(aligned)] = [compiled.name, compiled.asm["ptx"]]
-json.dump(found, sys.stdout)
 """
 
 
 @pytest.fixture(scope="module")
-def compiled_ptx(tmp_path_factory) -> dict[str, list[str]]:
-    script = tmp_path_factory.mktemp("ptx") / "compile_here.py"
-    script.write_text(COMPILE_HERE)
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                            env=env, timeout=300, check=False)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout)
+def compiled_ptx(tmp_path_factory) -> dict[str, dict]:
+    path = tmp_path_factory.mktemp("ptx") / "scaled.py"
+    path.write_text(SCALED)
+    signature = {"source": "*fp32", "target": "*fp32", "n": "i32", "BLOCK": "constexpr"}
+    return compile_for_sm90(path, [
+        {"name": str(aligned), "kernel": "scaled", "signature": signature,
+         "constexprs": {"BLOCK": 1024}, "aligned": [0, 1, 2] if aligned else []}
+        for aligned in (True, False)])
 
 
 @pytest.mark.parametrize("aligned,wide", [(True, True), (False, False)])
 def test_triton_ptx_compiled_here_shows_its_vector_loads(aligned, wide, compiled_ptx):
-    """Pointers known 16-byte aligned load 16 bytes at once."""
-    name, ptx = compiled_ptx[str(aligned)]
-    wide_loads, narrow_loads, matrix = parse_ptx(ptx)[name]
+    """Compiled for sm_90 with no GPU: pointers known 16-byte aligned load 16 bytes at once."""
+    compiled = compiled_ptx[str(aligned)]
+    wide_loads, narrow_loads, matrix = parse_ptx(compiled["ptx"])[compiled["name"]]
     assert (wide_loads > 0, narrow_loads > 0, matrix) == (wide, not wide, []), \
         (wide_loads, narrow_loads)
 

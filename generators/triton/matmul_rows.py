@@ -21,8 +21,8 @@ from generators.triton.matmul_anchor import IDENTITY_VIEWS, SHAPE_VIEWS, viewed
 NEUTRAL = {"sum": "0.0", "mean": "0.0", "amax": "float('-inf')", "amin": "float('inf')",
            "logsumexp": "float('-inf')"}
 _FOLD = {"sum": "tl.sum", "mean": "tl.sum", "amax": "tl.max", "amin": "tl.min"}
-_MERGE = {"sum": "acc + {}", "mean": "acc + {}", "amax": "tl.maximum(acc, {})",
-          "amin": "tl.minimum(acc, {})"}
+_MERGE = {"sum": "accs + {}", "mean": "accs + {}", "amax": "tl.maximum(accs, {})",
+          "amin": "tl.minimum(accs, {})"}
 # Rows a program of the row kernel combines, and partials it reads a step.
 BLOCK_ROWS = 32
 BLOCK_TILES = 64
@@ -73,22 +73,24 @@ def _combine_lines(kind: str) -> list[str]:
     load = ("parts = tl.load(part_ptr + rows[:, None] * TILES + tiles[None, :],\n"
             "                mask=row_mask[:, None] & (tiles < TILES)[None, :], other={})")
 
-    def walk(start: str, merge: str, neutral: str) -> list[str]:
-        return [f"acc = tl.full((BLOCK_R,), {start}, tl.float32)",
+    # Each step merges its partials into a [BLOCK_R, BLOCK_T] accumulator elementwise, and the
+    # rows are folded once after the loop: Triton 3.6's thread-locality pass fails to compile a
+    # loop that carries a row's folded value across more than one step, on sm_90 (bench/NOTES.md,
+    # 2026-12-05, 11:50-12:10 UTC).
+    def walk(start: str, merge: str, fold: str, neutral: str) -> list[str]:
+        return [f"accs = tl.full((BLOCK_R, BLOCK_T), {start}, tl.float32)",
                 "for t0 in range(0, TILES, BLOCK_T):",
                 "    tiles = t0 + tl.arange(0, BLOCK_T)",
                 *("    " + line for line in load.format(neutral).splitlines()),
-                f"    acc = {merge}"]
+                f"    accs = {merge}",
+                f"acc = {fold}(accs, axis=1)"]
 
     if kind == "logsumexp":
-        return [*walk("float('-inf')", "tl.maximum(acc, tl.max(parts, axis=1))",
-                      "float('-inf')"),
+        return [*walk("float('-inf')", "tl.maximum(accs, parts)", "tl.max", "float('-inf')"),
                 "top = tl.where(tl.abs(acc) == float('inf'), 0.0, acc)",
-                *walk("0.0", "acc + tl.sum(tl.exp(parts - top[:, None]), axis=1)",
-                      "float('-inf')"),
+                *walk("0.0", "accs + tl.exp(parts - top[:, None])", "tl.sum", "float('-inf')"),
                 "r = top + tl.log(acc)"]
-    fold = f"{_FOLD[kind]}(parts, axis=1)"
-    lines = walk(NEUTRAL[kind], _MERGE[kind].format(fold), NEUTRAL[kind])
+    lines = walk(NEUTRAL[kind], _MERGE[kind].format("parts"), _FOLD[kind], NEUTRAL[kind])
     return [*lines, "r = acc / COLUMNS" if kind == "mean" else "r = acc"]
 
 

@@ -1,0 +1,71 @@
+"""The rules generator's kernels compiled by Triton for sm_90, on this machine with no GPU: each
+draft run under the interpreter, every launch recorded with the types, constants and alignments
+a GPU would specialize it for, and compiled in a process of its own. The interpreter runs what
+the compiler may refuse (a row kernel's loop failed Triton's passes on sm_90 and nowhere else:
+bench/NOTES.md, 2026-12-05, 11:50-12:10 UTC)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from generators.rules import RulesGenerator
+from generators.site_graph import load_site_graph
+from generators.triton.attention import attention_drafts, write_attention
+from tests.kernel_checks import compile_for_sm90, launched_kernels, one_input_problem
+from tests.test_generator_attention import FORMS, attention_problem
+from tests.test_generator_matmul_rows import write
+
+# Drafts a problem's test compiles: the first few the rules generator proposes.
+DRAFTS = 3
+ONE_INPUT = {
+    "pointwise chain": ("torch.sigmoid(x * 1.5 + 0.5) * x", "torch.randn(64, 96)"),
+    "softmax of rows": ("torch.softmax(x, dim=-1)", "torch.randn(32, 1000)"),
+    "layer norm": ("torch.nn.functional.layer_norm(x, (384,))", "torch.randn(16, 384)"),
+    "sum over a middle dimension": ("x.sum(dim=1)", "torch.randn(8, 100, 64)"),
+}
+
+
+def compile_drafts(sources: list[str], problem, tmp_path) -> None:
+    failed = {}
+    for index, source in enumerate(sources):
+        folder = tmp_path / f"draft{index}"
+        folder.mkdir()
+        module, jobs = launched_kernels(source, problem, folder)
+        assert jobs, f"draft {index} launched no Triton kernel"
+        for name, result in compile_for_sm90(module, jobs).items():
+            if "error" in result:
+                failed[f"draft {index}: {name} ({source.splitlines()[0][:140]})"] = (
+                    result["error"][-400:])
+    assert not failed, failed
+
+
+def rules_drafts(problem) -> list[str]:
+    drafts = RulesGenerator().propose(problem, None, n=DRAFTS).children
+    assert drafts, f"no draft for {problem}"
+    return [draft.source for draft in drafts]
+
+
+@pytest.mark.parametrize("name", list(ONE_INPUT))
+def test_elementwise_and_reduction_drafts_compile(name, tmp_path):
+    body, inputs = ONE_INPUT[name]
+    problem = one_input_problem(tmp_path, body, inputs)
+    compile_drafts(rules_drafts(problem), problem, tmp_path)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("body", [["r = torch.nn.functional.gelu(v)"],
+                                  ["r = torch.logsumexp(v * 2.0, dim=-1)"]])
+def test_matmul_drafts_compile(body, dtype, tmp_path):
+    problem = write(tmp_path / "problem.py", body, "r", "linear", {"m": 64, "n": 1100, "k": 64},
+                    dtype)
+    compile_drafts(rules_drafts(problem), problem, tmp_path)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_drafts_with_an_input_mask_compile(dtype, tmp_path):
+    problem = attention_problem(tmp_path, *FORMS["masked_fill of an input mask == 0"], dtype,
+                                head=64, queries=80, keys=80)
+    graph = load_site_graph(problem)
+    sources = [write_attention(graph, config) for config, _ in attention_drafts(graph)[:DRAFTS]]
+    compile_drafts(sources, problem, tmp_path)
