@@ -9,10 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bench.sm90_compile_bench import compile_for_sm90, launched_kernels
 from generators.rules import RulesGenerator
 from generators.site_graph import load_site_graph
 from generators.triton.attention import attention_drafts, write_attention
-from tests.kernel_checks import compile_for_sm90, launched_kernels, one_input_problem
+from tests.kernel_checks import one_input_problem
 from tests.test_generator_attention import FORMS, attention_problem
 from tests.test_generator_matmul_rows import write
 

@@ -8,15 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.sm90_compile_bench import compile_for_sm90
 from generators.site_graph import Unsupported, load_site_graph
 from generators.triton.matmul import MatmulConfig, write_triton_matmul
-from tests.kernel_checks import (
-    assert_matches,
-    compile_for_sm90,
-    first_draft,
-    judged,
-    run_beside_problem,
-)
+from tests.kernel_checks import assert_matches, first_draft, judged, run_beside_problem
 
 SMALL = MatmulConfig(block_m=16, block_n=16, block_k=16, group_m=2, num_warps=4, num_stages=2)
 KINDS = ["sum", "mean", "amax", "amin", "logsumexp"]

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.sm90_compile_bench import compile_for_sm90
 from core.evaluate import EvalConfig, evaluate
 from core.evaluate.kernel_report import (
     INTERPRETER_NOTE,
@@ -29,7 +30,7 @@ from generators.cuda.pointwise import CudaPointwiseConfig, write_cuda_pointwise
 from generators.cuda.row_reduction import CudaReductionConfig, write_cuda_reduction
 from generators.site_graph import load_site_graph
 from generators.triton.pointwise import PointwiseConfig, write_pointwise
-from tests.kernel_checks import compile_for_sm90, one_input_problem
+from tests.kernel_checks import one_input_problem
 
 DATA = Path(__file__).parent / "data" / "kernel_report"
 # Recorded with `nvcc -arch=sm_90 -cubin --resource-usage` (CUDA 13.0) on the sources beside

@@ -1,0 +1,195 @@
+"""Triton kernels compiled for sm_90 on a machine with no GPU: the launches of a candidate run
+under the interpreter are recorded with the types, constants and 16-byte alignments a GPU would
+specialize them for, and compiled by Triton's own compiler in a process of its own. The
+interpreter runs what the compiler may refuse: a loop Triton's passes fail on, say.
+
+    python -m bench.sm90_compile_bench [PROBLEM ...] [--drafts 3] [--out DIR]
+
+compiles the first `--drafts` rules drafts of every site of each problem (default: every file of
+bench/kernelbench_dev, each shrunk as `bench.compiler_coverage_bench --shrink` shrinks it) and
+tables what failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from core.runtime.problem_loader import import_file, load_problem  # noqa: E402
+
+# Compiled in a process of its own: the Triton interpreter patches triton.language in the
+# process that uses it.
+_SM90_COMPILE = """
+import importlib.util, json, sys, tempfile
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+spec = importlib.util.spec_from_file_location("kernels", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+results = {}
+for job in json.loads(sys.argv[2]):
+    attrs = {(i,): [["tt.divisibility", 16]] for i in job["aligned"]}
+    source = ASTSource(getattr(module, job["kernel"]), job["signature"],
+                       constexprs=job["constexprs"], attrs=attrs)
+    options = job.get("options") or {}
+    with tempfile.TemporaryDirectory() as cache, triton.knobs.cache.scope():
+        triton.knobs.cache.dir = cache
+        try:
+            compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+            results[job["name"]] = {"name": compiled.name, "ptx": compiled.asm["ptx"]}
+        except Exception as err:
+            results[job["name"]] = {"error": f"{type(err).__name__}: {str(err)[-1500:]}"}
+json.dump(results, sys.stdout)
+"""
+
+
+def compile_for_sm90(module_path: Path, jobs: list[dict]) -> dict[str, dict]:
+    """Each job's kernel of `module_path` compiled for sm_90: its PTX and name, or the error.
+    A job: name, kernel, signature (argument name to Triton type), constexprs, and the
+    indices of the arguments to assume 16-byte aligned (as Triton specializes them)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    result = subprocess.run([sys.executable, "-c", _SM90_COMPILE, str(module_path),
+                             json.dumps(jobs)], capture_output=True, text=True, env=env,
+                            timeout=600, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout)
+
+
+_TRITON_TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
+                 torch.float64: "fp64", torch.int64: "i64", torch.int32: "i32",
+                 torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8", torch.bool: "i1"}
+_LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+
+
+def _is_constexpr(annotation: object) -> bool:
+    return annotation is tl.constexpr or annotation in ("tl.constexpr", "constexpr")
+
+
+def _launch_job(kernel: object, args: tuple, kwargs: dict) -> dict:
+    """A compile job for one interpreted launch: the types, constants and 16-byte alignments
+    Triton would specialize the kernel for on a GPU."""
+    fn = kernel.fn  # type: ignore[attr-defined]
+    options = {k: kwargs.pop(k) for k in _LAUNCH_OPTIONS if k in kwargs}
+    params = list(inspect.signature(fn).parameters.values())
+    given = {**dict(zip([p.name for p in params], args, strict=False)), **kwargs}
+    signature: dict[str, str] = {}
+    constexprs: dict[str, object] = {}
+    aligned: list[int] = []
+    for index, param in enumerate(params):
+        value = given.get(param.name, param.default)
+        if _is_constexpr(param.annotation) or value is None or (
+                isinstance(value, int) and not isinstance(value, bool) and value == 1):
+            signature[param.name], constexprs[param.name] = "constexpr", value
+        elif isinstance(value, torch.Tensor):
+            signature[param.name] = "*" + _TRITON_TYPES[value.dtype]
+            if value.data_ptr() % 16 == 0:
+                aligned.append(index)
+        elif isinstance(value, bool):
+            signature[param.name] = "i1"
+        elif isinstance(value, int):
+            signature[param.name] = "i32" if -2**31 <= value < 2**31 else "i64"
+            if value % 16 == 0:
+                aligned.append(index)
+        else:
+            signature[param.name] = "fp32"
+    return {"name": f"{fn.__name__} #{id(kernel)}", "kernel": fn.__name__,
+            "signature": signature, "constexprs": constexprs, "aligned": aligned,
+            "options": options}
+
+
+def launched_kernels(source: str, problem_path: Path, folder: Path) -> tuple[Path, list[dict]]:
+    """Run the candidate `source` on its problem's inputs under the Triton interpreter
+    (TRITON_INTERPRET=1 in this process), and return the module file written for it with a
+    compile job (`compile_for_sm90`) for every distinct launch."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    jobs: dict[str, dict] = {}
+    original = InterpretedFunction.run
+
+    def recording(self, *args, grid, warmup, **kwargs):  # noqa: ANN001, ANN202
+        job = _launch_job(self, args, dict(kwargs))
+        jobs.setdefault(json.dumps([job["kernel"], job["signature"], job["constexprs"],
+                                    job["aligned"], job["options"]], default=str), job)
+        return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    module = folder / "model_new.py"
+    module.write_text(source)
+    problem = load_problem(problem_path)
+    candidate = import_file(module, f"kiln_sm90_{abs(hash(str(module)))}")
+    InterpretedFunction.run = recording
+    try:
+        with torch.no_grad():
+            torch.manual_seed(0)
+            candidate.ModelNew(*problem.init_inputs())(*problem.inputs(0))
+    finally:
+        InterpretedFunction.run = original
+    return module, [{**job, "name": f"{job['kernel']} {i}"} for i, job in enumerate(jobs.values())]
+
+
+def main() -> int:
+    from bench.compiler_coverage_bench import DEV, shrunk
+    from core.profile.in_situ import ProfileConfig
+    from core.profile.pipeline import ListSitesConfig, list_sites
+    from generators.rules import RulesGenerator
+
+    parser = argparse.ArgumentParser(prog="python -m bench.sm90_compile_bench",
+                                     description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("problems", nargs="*", type=Path)
+    parser.add_argument("--drafts", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=Path("kiln-out/sm90-compile"))
+    args = parser.parse_args()
+    problems = args.problems or sorted(DEV.glob("level*/*.py"))
+    args.out.mkdir(parents=True, exist_ok=True)
+    generator = RulesGenerator()
+    rows, kernels = [], 0
+    for problem in problems:
+        small = args.out / "problems" / problem.parent.name / problem.name
+        small.parent.mkdir(parents=True, exist_ok=True)
+        small.write_text(shrunk(problem.read_text()))
+        report = list_sites(ListSitesConfig(model=str(small), device="cpu",
+                                            out=args.out / "sites" / problem.stem,
+                                            profile=ProfileConfig(warmup=1, trials=1),
+                                            quiet=True))
+        for site in report["sites"]:
+            path = Path(site["problem"])
+            for index, draft in enumerate(generator.propose(path, None, args.drafts).children):
+                where = f"{problem.stem} | {site['id']} | draft {index}"
+                folder = Path(tempfile.mkdtemp(dir=args.out))
+                try:
+                    module, jobs = launched_kernels(draft.source, path, folder)
+                except Exception as err:  # noqa: BLE001 - a draft that fails to run is a row
+                    rows.append(f"| {where} | runs | {type(err).__name__}: {str(err)[:120]} |")
+                    continue
+                for name, result in compile_for_sm90(module, jobs).items() if jobs else []:
+                    kernels += 1
+                    if "error" in result:
+                        rows.append(f"| {where} | compiles {name} | "
+                                    f"{result['error'].splitlines()[-1][:160]} |")
+        print(f"{problem.stem}: {len(rows)} failure(s) so far, {kernels} kernels compiled",
+              flush=True)
+    text = "\n".join(["| problem, site, draft | step | error |", "| --- | --- | --- |", *rows,
+                      "", f"{kernels} kernels compiled for sm_90; {len(rows)} failures."])
+    (args.out / "sm90_compile.md").write_text(text + "\n")
+    print(text)
+    return 1 if rows else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
