@@ -67,7 +67,9 @@ def compile_for_sm90(module_path: Path, jobs: list[dict]) -> dict[str, dict]:
     result = subprocess.run([sys.executable, "-c", _SM90_COMPILE, str(module_path),
                              json.dumps(jobs)], capture_output=True, text=True, env=env,
                             timeout=600, check=False)
-    assert result.returncode == 0, result.stderr[-3000:]
+    if result.returncode != 0:
+        raise RuntimeError(f"compiling {module_path} for sm_90 failed to run: "
+                           f"{result.stderr[-3000:]}")
     return json.loads(result.stdout)
 
 
@@ -108,9 +110,8 @@ def _launch_job(kernel: object, args: tuple, kwargs: dict) -> dict:
                 aligned.append(index)
         else:
             signature[param.name] = "fp32"
-    return {"name": f"{fn.__name__} #{id(kernel)}", "kernel": fn.__name__,
-            "signature": signature, "constexprs": constexprs, "aligned": aligned,
-            "options": options}
+    return {"kernel": fn.__name__, "signature": signature, "constexprs": constexprs,
+            "aligned": aligned, "options": options}
 
 
 def launched_kernels(source: str, problem_path: Path, folder: Path) -> tuple[Path, list[dict]]:
@@ -124,8 +125,7 @@ def launched_kernels(source: str, problem_path: Path, folder: Path) -> tuple[Pat
 
     def recording(self, *args, grid, warmup, **kwargs):  # noqa: ANN001, ANN202
         job = _launch_job(self, args, dict(kwargs))
-        jobs.setdefault(json.dumps([job["kernel"], job["signature"], job["constexprs"],
-                                    job["aligned"], job["options"]], default=str), job)
+        jobs.setdefault(json.dumps(job, sort_keys=True, default=str), job)
         return original(self, *args, grid=grid, warmup=warmup, **kwargs)
 
     module = folder / "model_new.py"

@@ -144,8 +144,6 @@ def changed_inputs(before: list[object], after: list[object]) -> Mismatch | None
         return None
     # The differing elements of every input, counted on the device and read once.
     counts = torch.stack([sum((~same_bits(a, b)).sum() for _, (a, b) in pieces(old, new))
-                          if old.numel() else torch.zeros((), dtype=torch.int64,
-                                                          device=old.device)
                           for _, old, new in pairs]).tolist()
     for (index, old, new), count in zip(pairs, counts, strict=True):
         if count:

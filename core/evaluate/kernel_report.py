@@ -147,8 +147,7 @@ def _count_instructions(text: str, header: re.Pattern[str],
             name = match[1]
             found[name] = (0, 0, set())
             continue
-        kind = classify(line) if name is not None else None
-        if name is None or kind is None:
+        if name is None or (kind := classify(line)) is None:
             continue
         wide, narrow, matrix = found[name]
         if isinstance(kind, str):

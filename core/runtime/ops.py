@@ -91,19 +91,12 @@ _OPERATOR_NAMES = {
 # Operator methods some torch versions' Dynamo records as `call_method` (`mask == 0` as
 # `mask.__eq__(0)` in torch 2.11): the operator each one is, and whether its operands swap
 # (`x.__rsub__(1)` is `1 - x`).
+_UNREFLECTED = {operator.eq, operator.ne, operator.lt, operator.le, operator.gt, operator.ge,
+                operator.neg, operator.invert, operator.getitem}
 DUNDER_OPERATORS = {
-    **{f"__{name}__": (op, False) for name, op in (
-        ("add", operator.add), ("sub", operator.sub), ("mul", operator.mul),
-        ("truediv", operator.truediv), ("floordiv", operator.floordiv), ("mod", operator.mod),
-        ("pow", operator.pow), ("matmul", operator.matmul), ("and", operator.and_),
-        ("or", operator.or_), ("xor", operator.xor), ("eq", operator.eq), ("ne", operator.ne),
-        ("lt", operator.lt), ("le", operator.le), ("gt", operator.gt), ("ge", operator.ge),
-        ("neg", operator.neg), ("invert", operator.invert), ("getitem", operator.getitem))},
-    **{f"__r{name}__": (op, True) for name, op in (
-        ("add", operator.add), ("sub", operator.sub), ("mul", operator.mul),
-        ("truediv", operator.truediv), ("floordiv", operator.floordiv), ("mod", operator.mod),
-        ("pow", operator.pow), ("matmul", operator.matmul), ("and", operator.and_),
-        ("or", operator.or_), ("xor", operator.xor))},
+    **{f"__{op.__name__.rstrip('_')}__": (op, False) for op in _OPERATOR_NAMES},
+    **{f"__r{op.__name__.rstrip('_')}__": (op, True) for op in _OPERATOR_NAMES
+       if op not in _UNREFLECTED},
 }
 # In-place operators and the out-of-place operator each one becomes.
 INPLACE_OPERATORS = {

@@ -146,8 +146,9 @@ def time_once(fn: Callable[[], object], device: torch.device,
     if device.type == "cuda":
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
-        slept, cycles = torch.cuda.Event(enable_timing=True), 0
+        slept, cycles = None, 0
         if queue is not None:
+            slept = torch.cuda.Event(enable_timing=True)
             slept.record()
             cycles = queue()
         start.record()
@@ -159,7 +160,7 @@ def time_once(fn: Callable[[], object], device: torch.device,
         # A device-wide sync, not just the end event: work escaping to another stream is
         # waited for too (and shows up as a slow next trial rather than a fast one).
         torch.cuda.synchronize(device)
-        if queue is not None:
+        if slept is not None:
             queue.clocked(cycles, slept.elapsed_time(start))
         return start.elapsed_time(end)
     begin = time.perf_counter()
