@@ -131,11 +131,13 @@ class CandidateProcess:
         report = reply.get("report")
         return report if isinstance(report, dict) else {}
 
-    def peak_memory_bytes(self, deadline: float) -> int | None:
+    def stats(self, deadline: float) -> tuple[int | None, object]:
+        """The process's peak device memory, and the signatures of the Triton launchers it
+        built itself (unchecked: the candidate's word)."""
         reply, fds = self.request({"op": "stats"}, [], deadline)
         close_unused(fds, set())
         peak = reply.get("peak_memory_bytes")
-        return peak if isinstance(peak, int) else None
+        return (peak if isinstance(peak, int) else None), reply.get("launchers")
 
     def request(self, message: dict[str, Any], fds: list[int], deadline: float
                 ) -> tuple[dict[str, Any], list[int]]:

@@ -42,6 +42,7 @@ from core.evaluate.judge_timing import (
     timing_label,
 )
 from core.evaluate.kernel_report import KernelReport, with_cuda_sources
+from core.evaluate.launchers import LauncherFolder
 from core.evaluate.memory import ProblemBytes, candidate_limits, problem_bytes
 from core.evaluate.trial import Models, Trial, judge_failure, run_trial
 from core.evaluate.verdict import Reason, Verdict
@@ -65,6 +66,7 @@ class Judge:
         self.lock = DeviceLock(None)
         self.holds = ExitStack()
         self.count = 0
+        self.launchers = LauncherFolder(zygote.launchers) if zygote.launchers else None
 
     def load(self, path: str) -> Problem:
         resolved = Path(path).resolve()
@@ -146,14 +148,17 @@ class Judge:
 
     def finish(self, verdict: Verdict, process: CandidateProcess, device: torch.device) -> None:
         """The candidate's process ends; on CUDA the verdict's peak is the judge's and its."""
-        peak = None
+        peak, launchers = None, None
         if device.type == "cuda":
             peak = torch.cuda.max_memory_allocated(device)
             if not process.ended:
                 with suppress(Rejected):
-                    peak += process.peak_memory_bytes(time.monotonic() + 10) or 0
+                    own_peak, launchers = process.stats(time.monotonic() + 10)
+                    peak += own_peak or 0
         verdict.peak_memory_bytes = peak
         process.close()
+        if self.launchers is not None and launchers:
+            self.launchers.build(launchers)
 
     def run_checks(self, verdict: Verdict, problem: Problem, models: Models, candidate_path: Path,
                    module_name: str, source: str, config: EvalConfig, anchors: set[str],

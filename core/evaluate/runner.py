@@ -52,8 +52,10 @@ def error_report(err: BaseException, candidate_path: Path) -> dict[str, Any]:
 
 
 class Runner:
-    def __init__(self, sock: socket.socket, device: torch.device) -> None:
+    def __init__(self, sock: socket.socket, device: torch.device,
+                 missing_launchers: list[list[str]] | None = None) -> None:
         self.sock = sock
+        self.missing_launchers = missing_launchers or []  # `launchers.use_shared_launchers`
         self.device = device
         self.side = CandidateSide(device)
         self.model: torch.nn.Module | None = None
@@ -93,7 +95,8 @@ class Runner:
         if op == "stats":
             peak = (torch.cuda.max_memory_allocated(self.device)
                     if self.device.type == "cuda" else None)
-            return {"type": "stats", "peak_memory_bytes": peak}, []
+            return {"type": "stats", "peak_memory_bytes": peak,
+                    "launchers": self.missing_launchers}, []
         raise ValueError(f"unknown request {op!r}")
 
     def build(self, message: dict[str, Any], fds: list[int]) -> dict[str, Any]:

@@ -219,7 +219,7 @@ def serve(folder: Path, device: str) -> None:
     prepare_judging(device)
     # Forked before this process touches CUDA: candidates' processes start CUDA afresh.
     try:
-        zygote = Zygote(device)
+        zygote = Zygote(device, launchers=folder / "launchers" if device == "cuda" else None)
     except SandboxError as err:
         send({"type": "input_error", "problem": str(err),
               "fix": "judge where a process may make network and PID namespaces (root, or "

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from core.evaluate.launchers import use_shared_launchers
 from core.evaluate.sandbox import (
     Limits,
     PidNamespaces,
@@ -76,6 +77,8 @@ def _candidate_process(sock: socket.socket, request: dict[str, Any]) -> None:
         os.environ[name] = str(value)
     tempfile.tempdir = None  # read again from TMPDIR: the zygote's answer was /tmp
     limits = Limits(**request["limits"])
+    missing_launchers = (use_shared_launchers(Path(request["launchers"]))
+                         if request.get("launchers") else [])
     confine(scratch, request["device"], limits)
     faulthandler.enable()
     device = torch.device(request["device"])
@@ -84,7 +87,7 @@ def _candidate_process(sock: socket.socket, request: dict[str, Any]) -> None:
         total = torch.cuda.get_device_properties(index).total_memory
         torch.cuda.set_per_process_memory_fraction(
             min(1.0, limits.device_memory_bytes / total), index)
-    Runner(sock, device).serve()
+    Runner(sock, device, missing_launchers).serve()
 
 
 class _Zygote:
@@ -257,7 +260,11 @@ def warm_up(device: str) -> None:
 class Zygote:
     """The judge's handle on its zygote."""
 
-    def __init__(self, device: str, startup_timeout_s: float = 120.0) -> None:
+    def __init__(self, device: str, startup_timeout_s: float = 120.0,
+                 launchers: Path | None = None) -> None:
+        """`launchers`: the judge's folder of Triton launchers (`core.evaluate.launchers`),
+        which candidates' processes read."""
+        self.launchers = launchers
         ours, theirs = socket_pair()
         self.pid = os.fork()
         if self.pid == 0:
@@ -284,7 +291,9 @@ class Zygote:
         of its socket."""
         judge_end, candidate_end = socket_pair()
         send(self.sock, {"op": "spawn", "scratch": str(scratch), "device": device,
-                         "limits": asdict(limits)}, [candidate_end.fileno()])
+                         "limits": asdict(limits),
+                         "launchers": str(self.launchers) if self.launchers else None},
+                  [candidate_end.fileno()])
         candidate_end.close()
         message = self._next(lambda m: m.get("type") == "spawned", timeout_s)
         if message is None:
