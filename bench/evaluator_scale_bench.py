@@ -136,10 +136,14 @@ def measure(problem: Path, args: argparse.Namespace, extra: list[str],
         candidates = [reader.candidate(c.id) for s in reader.sites(run_id)
                       for c in reader.candidates(site_id=s.id)]
         verdicts = [c.verdict for c in candidates if c.verdict]
-        stamps = sorted(_time(c.summary.created_at) for c in candidates)
         row.judged = len(verdicts)
-        if len(stamps) > 1 and stamps[-1] > stamps[0]:
-            row.per_minute = (len(stamps) - 1) / ((stamps[-1] - stamps[0]) / 60)
+        # From the first proposal to the last verdict: a batch's candidates are proposed
+        # together, so their proposal stamps alone would time nothing.
+        judging = reader.judging(run_id)
+        if judging:
+            began = min(_time(j.proposed_at) for j in judging)
+            window = max(_time(j.judged_at) for j in judging) - began
+            row.per_minute = len(judging) / (window / 60) if window > 0 else 0.0
         row.phases = {p: statistics.median(v.get("phase_seconds", {}).get(p, 0.0)
                                            for v in verdicts)
                       for p in PHASES} if verdicts else {}

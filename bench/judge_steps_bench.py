@@ -4,12 +4,15 @@ copies, the reference's timing) and of the candidate's process (its build, each 
 guard's buffers, the inputs it maps and the outputs it hands back).
 
     python bench/judge_steps_bench.py [--device cpu|cuda] [--rounds 2] [--uncapped-rotation]
+                                      [--model PATH [--drafts 2]]
 
 Judges the honest candidates of tests/data/evaluate `--rounds` times, one after another (the
 first round pays the first-time costs), and prints per candidate its wall time, its verdict's
 phases and the judge's steps by time spent; each candidate's process prints its own steps to
-stderr as it ends. `--uncapped-rotation` times with as many input sets as cover the L2 twice
-(what the timing did before `model_timing.MAX_ROTATION_SETS`), to compare.
+stderr as it ends. `--model` judges instead the rules generator's first `--drafts` kernels for
+the largest site of that model (a KernelBench file, at its own sizes): where the time of a
+candidate goes at real sizes. `--uncapped-rotation` times with as many input sets as cover the
+L2 twice (what the timing did before `model_timing.MAX_ROTATION_SETS`), to compare.
 """
 
 from __future__ import annotations
@@ -26,6 +29,12 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(HERE))
+DEVICES = ("cpu", "cuda")
+if __name__ == "__main__":  # the interpreter is on before the steps below import triton
+    _device = argparse.ArgumentParser(add_help=False)
+    _device.add_argument("--device", choices=DEVICES, default="cuda")
+    if _device.parse_known_args()[0].device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"
 
 import core.evaluate.candidate as candidate  # noqa: E402
 import core.evaluate.exchange as exchange  # noqa: E402
@@ -45,10 +54,12 @@ JUDGE_STEPS = [(candidate.CandidateProcess, "__init__"), (candidate.CandidatePro
                (trial, "changed_inputs"), (judge_timing, "changed_inputs"),
                (trial, "shared_copies"), (judge_timing, "shared_copies"),
                (trial, "second_opinion"), (judge_timing, "rotation_sets"),
-               (judge_timing, "time_candidate"), (judge_timing, "time_model")]
+               (judge_timing, "time_candidate"), (judge_timing, "time_model"),
+               (exchange, "import_cuda"), (exchange, "export_cuda")]
 CANDIDATE_STEPS = [(runner.Runner, "build"), (runner.Runner, "call"), (runner, "time_once"),
                    (runner.Guard, "prepare"), (exchange.CandidateSide, "load_input"),
-                   (exchange.CandidateSide, "export_output")]
+                   (exchange.CandidateSide, "export_output"), (exchange, "import_cuda"),
+                   (exchange, "export_cuda")]
 # Seconds and calls per step, in whichever process runs it (the candidate's inherits the
 # wrappers through the zygote's fork and keeps its own totals).
 TOTALS: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
@@ -93,18 +104,37 @@ def wrap_serve(labels: set[str]) -> None:
     runner.Runner.serve = serve_and_report
 
 
+def largest_site_drafts(model: Path, device: str, drafts: int, folder: Path
+                        ) -> list[tuple[str, Path, str]]:
+    """The rules generator's first `drafts` kernels for the largest site of `model`."""
+    from core.profile.pipeline import ListSitesConfig, list_sites
+    from generators.rules import RulesGenerator
+
+    report = list_sites(ListSitesConfig(model=str(model), device=device, out=folder / "sites",
+                                        quiet=True))
+    searchable = [s for s in report["sites"] if s.get("problem")]
+    if not searchable:
+        raise SystemExit(f"{model} has no site to judge kernels for")
+    site = max(searchable, key=lambda s: s["time_ms"])
+    path = Path(site["problem"])
+    proposals = RulesGenerator().propose(path, None, drafts).children
+    print(f"{model.stem}: site {site['id']} ({site['signature']}), {site['time_ms']:.3f} ms, "
+          f"{site['bytes'] / 1e9:.2f} GB; {len(proposals)} drafts", flush=True)
+    return [(f"{site['id']} draft {i}", path, p.source) for i, p in enumerate(proposals)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
+    parser.add_argument("--device", choices=DEVICES, default="cuda")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--uncapped-rotation", action="store_true",
                         help="rotate through as many input sets as cover the L2 twice")
+    parser.add_argument("--model", type=Path, help="judge drafts for this model's largest site")
+    parser.add_argument("--drafts", type=int, default=2)
     args = parser.parse_args()
-    if args.device == "cpu":
-        os.environ["TRITON_INTERPRET"] = "1"
     if args.uncapped_rotation:
         model_timing.MAX_ROTATION_SETS = 1 << 30
-    for owner, name in JUDGE_STEPS + CANDIDATE_STEPS:
+    for owner, name in dict.fromkeys(JUDGE_STEPS + CANDIDATE_STEPS):
         time_step(owner, name)
     wrap_serve({_label(o, n) for o, n in CANDIDATE_STEPS})
 
@@ -123,12 +153,15 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp())
     judge = Judge(folder, zygote, folder / "stderr.log")
     judge_labels = {_label(o, n) for o, n in JUDGE_STEPS}
+    candidates = (largest_site_drafts(args.model, args.device, args.drafts, folder)
+                  if args.model else
+                  [(name, DATA / f"{problem}.py", (DATA / f"{name}.py").read_text())
+                   for name, problem in HONEST.items()])
     try:
         for round_ in range(args.rounds):
-            for name, problem in HONEST.items():
+            for name, problem_path, source in candidates:
                 config = EvalConfig(device=args.device)
-                request = screen(DATA / f"{problem}.py", (DATA / f"{name}.py").read_text(),
-                                 config)
+                request = screen(problem_path, source, config)
                 if isinstance(request, Verdict):
                     raise SystemExit(f"{name} was settled by the static rules: {request.reason}")
                 TOTALS.clear()

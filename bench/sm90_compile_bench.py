@@ -21,7 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+if __name__ == "__main__":  # launches are recorded under the interpreter, on before triton loads
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 

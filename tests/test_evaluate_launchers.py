@@ -5,11 +5,11 @@ machine has no driver); on a GPU a second candidate builds none."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import textwrap
 from pathlib import Path
 
@@ -122,39 +122,54 @@ def test_a_failed_build_is_said_and_not_tried_again(tmp_path, stand_in_libcuda, 
     assert not folder.path_of(tuple(POINTWISE)).exists()
 
 
+# A judge in a fresh process, as a worker runs one (a process that has started CUDA cannot fork
+# the zygote), judging one candidate twice; it prints what each candidate's process reported.
+JUDGE_TWICE = """
+import json, shutil, sys, tempfile
+from pathlib import Path
+from core.evaluate.config import EvalConfig
+from core.evaluate.evaluator import screen
+from core.evaluate.judge import Judge
+from core.evaluate.launchers import LauncherFolder
+from core.evaluate.sandbox import require_sandbox
+from core.evaluate.worker import prepare_judging
+from core.evaluate.zygote import Zygote
+
+require_sandbox()
+prepare_judging("cuda")
+data = Path(sys.argv[1])
+workdir = Path(tempfile.mkdtemp())
+zygote = Zygote("cuda", launchers=workdir / "launchers")
+judge = Judge(workdir, zygote, workdir / "stderr.log")
+reports = []
+build = LauncherFolder.build
+judge.launchers.build = lambda requested: reports.append(requested) or build(judge.launchers,
+                                                                             requested)
+verdicts = []
+config = EvalConfig(device="cuda")
+for _ in range(2):
+    request = screen(data / "pointwise_problem.py", (data / "good_pointwise.py").read_text(),
+                     config)
+    verdict, _ = judge.judge(request.problem_path, request.candidate_source, config,
+                             set(request.anchors), lambda phase: None)
+    verdicts.append(verdict.reason if not verdict.correct else "correct")
+zygote.close()
+built = sorted(p.name for p in (workdir / "launchers").glob("*/*"))
+shutil.rmtree(workdir, ignore_errors=True)
+print(json.dumps({"verdicts": verdicts, "reports": reports, "built": built}))
+"""
+
+
 @pytest.mark.gpu
 def test_a_second_candidate_builds_no_launcher():
-    import torch
-
-    from core.evaluate.config import EvalConfig
-    from core.evaluate.evaluator import screen
-    from core.evaluate.judge import Judge
-    from core.evaluate.launchers import LauncherFolder as Folder
-    from core.evaluate.sandbox import require_sandbox
-    from core.evaluate.worker import prepare_judging
-    from core.evaluate.zygote import Zygote
-
-    if not torch.cuda.is_available():
-        pytest.skip("no GPU")
-    require_sandbox()
-    prepare_judging("cuda")
-    data = ROOT / "tests" / "data" / "evaluate"
-    workdir = Path(tempfile.mkdtemp())
-    zygote = Zygote("cuda", launchers=workdir / "launchers")
-    judge = Judge(workdir, zygote, workdir / "stderr.log")
-    asked: list[object] = []
-    build = Folder.build
-    judge.launchers.build = lambda requested: asked.append(requested) or build(  # type: ignore
-        judge.launchers, requested)
-    try:
-        config = EvalConfig(device="cuda")
-        for _ in range(2):
-            request = screen(data / "pointwise_problem.py",
-                             (data / "good_pointwise.py").read_text(), config)
-            verdict, _ = judge.judge(request.problem_path, request.candidate_source, config,
-                                     set(request.anchors), lambda phase: None)
-            assert verdict.correct, verdict.reason
-    finally:
-        zygote.close()
-        shutil.rmtree(workdir, ignore_errors=True)
-    assert len(asked) == 1 and asked[0], asked  # the first candidate's, then none missing
+    result = subprocess.run([sys.executable, "-c", JUDGE_TWICE,
+                             str(ROOT / "tests" / "data" / "evaluate")],
+                            capture_output=True, text=True, cwd=ROOT, timeout=300,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    outcome = json.loads(result.stdout.splitlines()[-1])
+    assert outcome["verdicts"] == ["correct", "correct"], outcome
+    # Only the first candidate's process had to build a launcher (the judge hears of none
+    # from the second).
+    assert len(outcome["reports"]) == 1 and outcome["reports"][0], outcome
+    assert outcome["built"] == [f"{LAUNCHER}{suffix()}"], outcome

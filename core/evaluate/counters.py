@@ -221,12 +221,16 @@ def profiled_forward(problem_path: Path, candidate_path: Path, seed: int,
     import torch
 
     from core.evaluate.sandbox import device_paths, restrict_writes
+    from core.evaluate.zygote import start_cuda
     from core.runtime import cuda as cuda_runtime
     from core.runtime.problem_loader import import_file, load_problem
     from core.timing.device_lock import exclusive_device
 
     sys.modules.setdefault("cuda_runtime", cuda_runtime)
     problem = load_problem(problem_path)
+    # CUDA cannot start behind the walls (bench/NOTES.md, 2026-12-05 09:10-09:20 UTC: which
+    # walls let CUDA start): it starts first, as in a candidate's process.
+    start_cuda()
     # ncu's injected library talks to ncu over sockets of its own: TCP stays open here.
     restrict_writes([candidate_path.parent, Path(tempfile.gettempdir()),
                              *device_paths("cuda")], tcp=True)

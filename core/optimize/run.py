@@ -30,7 +30,7 @@ from core.optimize.config import OptimizeConfig, minutes_spent, run_settings
 from core.optimize.e2e import EndToEnd, EndToEndCheck
 from core.optimize.interrupt import GracefulStop
 from core.optimize.report import note_declines
-from core.optimize.site_run import SiteRun, feedback_of
+from core.optimize.site_run import SiteRun, feedback_of, site_priority
 from core.profile.pipeline import ProfiledModel, profile_sites
 from core.profile.progress import Progress
 from core.profile.sites import Site
@@ -142,10 +142,6 @@ class OptimizeRun:
         run = SiteRun(site, site_id, search, ("triton",))
         holder["run"] = run
         return run
-
-    def _priority(self, run: SiteRun, total_ms: float) -> float:
-        share = run.site.time_ms / total_ms if total_ms > 0 else 0.0
-        return share * max(run.headroom, 1e-3) / math.sqrt(1 + run.search.evaluations)
 
     def _out_of_budget(self) -> bool:
         minutes = self.spent_minutes + (time.perf_counter() - self.started) / 60
@@ -348,9 +344,10 @@ class OptimizeRun:
             open_runs = [r for r in runs if not r.search.done]
             if not open_runs:
                 return
-            run = max(open_runs, key=lambda r: self._priority(r, total_ms))
+            run = max(open_runs, key=lambda r: site_priority(r, total_ms))
             limit = self.config.max_candidates - self.evaluated
             done = run.search.step(limit=limit)
+            run.steps += 1
             self.evaluated += done
             self._counters(run, evaluator)
             best = run.search.best

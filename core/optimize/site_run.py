@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 
@@ -24,6 +25,7 @@ class SiteRun:
     profiled: set[int] = field(default_factory=set)  # candidate ids with counters
     eager_samples: list[float] = field(default_factory=list)  # the site's eager times, ms
     compile_ms: float | None = None
+    steps: int = 0  # search steps taken in this run
 
     @property
     def eager_ms(self) -> float | None:
@@ -63,6 +65,16 @@ class SiteRun:
         floor = self.site.cost.floor_ms
         best = self.search.best_ms
         return max(0.0, 1.0 - floor / best) if best > 0 else 0.0
+
+
+def site_priority(run: SiteRun, total_ms: float) -> tuple[bool, float]:
+    """Which open site the search steps next: sites not stepped yet first, then the largest
+    expected gain. At real sizes one step can take minutes (a few GB-sized candidates judged);
+    by gain alone the first site could spend a whole budget while a site with room to gain got
+    no kernel at all."""
+    share = run.site.time_ms / total_ms if total_ms > 0 else 0.0
+    gain = share * max(run.headroom, 1e-3) / math.sqrt(1 + run.search.evaluations)
+    return run.steps == 0, gain
 
 
 def feedback_of(verdict: Verdict, floor_ms: float, diagnosis: bool = True) -> Feedback:
