@@ -99,9 +99,19 @@ def wrap_serve(labels: set[str]) -> None:
             serve(self)
         finally:
             os.write(2, f"a candidate's process, its steps:\n"
-                        f"{report(TOTALS, labels, '    ')}\n".encode())
+                        f"{report(TOTALS, labels, '    ')}\n{memory_line(self.device)}\n".encode())
 
     runner.Runner.serve = serve_and_report
+
+
+def memory_line(device: Any) -> str:
+    """This process's peak and held device memory (CUDA), for the memory a candidate takes."""
+    import torch
+
+    if torch.device(device).type != "cuda":
+        return "    (no device memory on the CPU)"
+    return (f"    device memory: peak {torch.cuda.max_memory_allocated() / 1e9:.2f} GB allocated, "
+            f"{torch.cuda.memory_reserved() / 1e9:.2f} GB reserved now")
 
 
 def largest_site_drafts(model: Path, device: str, drafts: int, folder: Path
@@ -172,6 +182,9 @@ def main() -> None:
                 print(f"round {round_}, {name}: {time.perf_counter() - began:.2f} s "
                       f"({phases}); {'correct' if verdict.correct else verdict.reason[:160]}")
                 print(report(TOTALS, judge_labels, "    "), flush=True)
+                peak = verdict.peak_memory_bytes
+                print(f"    the judge's {memory_line(args.device).strip()}; the verdict's peak "
+                      f"(judge and candidate): {(peak or 0) / 1e9:.2f} GB", flush=True)
                 if args.device == "cuda":
                     torch.cuda.empty_cache()
     finally:
