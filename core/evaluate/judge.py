@@ -47,7 +47,13 @@ from core.evaluate.memory import ProblemBytes, candidate_limits, problem_bytes
 from core.evaluate.trial import Models, Trial, judge_failure, run_trial
 from core.evaluate.verdict import Reason, Verdict
 from core.evaluate.zygote import Zygote
-from core.runtime.problem_loader import Problem, load_problem, on_device, write_candidate
+from core.runtime.problem_loader import (
+    Problem,
+    load_problem,
+    on_device,
+    seed_device,
+    write_candidate,
+)
 from core.timing.device_lock import DeviceLock
 from core.timing.precision import fp32_matmuls
 
@@ -83,7 +89,7 @@ class Judge:
         key = (seed, str(device))
         if key not in self.references:
             init = self.problem.init_inputs()
-            torch.manual_seed(seed)
+            seed_device(seed, device)
             self.references[key] = self.problem.model_class(*init).to(device).eval()
         return self.references[key]
 

@@ -27,7 +27,7 @@ import torch
 from core.evaluate.exchange import CandidateSide, decode, encode
 from core.evaluate.guard import Allocation, Guard
 from core.evaluate.transport import close_all, receive, send
-from core.runtime.problem_loader import import_file
+from core.runtime.problem_loader import import_file, seed_device
 from core.timing.model_timing import make_flush
 from core.timing.precision import hold_candidate_to
 from core.timing.timer import SITE_QUEUE_MARGIN_MS, QueueAhead, synchronize, time_once
@@ -106,7 +106,7 @@ class Runner:
         self.module = import_file(self.candidate_path, message["module"])
         if not hasattr(self.module, "ModelNew"):
             return {"type": "no_model_new"}
-        torch.manual_seed(message["seed"])
+        seed_device(message["seed"], self.device)  # as the judge builds the reference
         self.model = self.module.ModelNew(*init).to(self.device).eval()
         return {"type": "built"}
 
