@@ -36,9 +36,7 @@ from bench.processes import process_table  # noqa: E402
 from bench.suite_bench import Outcome, failed_outcome, outcome_of  # noqa: E402
 from bench.suite_bench import table as suite_table  # noqa: E402
 from core.evaluate.memory import problem_bytes  # noqa: E402
-from store import open_reader  # noqa: E402
-
-PHASES = ("worker start", "waiting for memory", "compile", "checks", "timing", "counters")
+from store import PHASES, open_reader  # noqa: E402
 
 
 @dataclass

@@ -154,8 +154,10 @@ class Judging:
     peak_memory_bytes: int | None
 
 
-# The phases of judging a candidate in the order they happen (core.evaluate's pool and judge).
-PHASES = ("worker start", "waiting for memory", "compile", "checks", "timing", "counters")
+# The phases of judging a candidate in the order they happen (core.evaluate's pool and judge);
+# the waits for the device lock, spread over the checks and the timing, last.
+PHASES = ("worker start", "waiting for memory", "compile", "checks", "timing", "counters",
+          "waiting for the device")
 
 
 def ordered_phases(names: Iterable[str]) -> list[str]:

@@ -291,7 +291,7 @@ def fill_store(path: Path) -> Filled:
 HOSTILE_RATIONALE = "fast ![x](http://example.invalid/a.png) <img src=http://example.invalid/b.png>"
 HOSTILE_REASON = "boom ![y](http://example.invalid/c.png) <img src='http://example.invalid/d.png'>"
 PHASE_SECONDS = {"worker start": 0.8, "waiting for memory": 0.05, "compile": 2.5, "checks": 1.2,
-                 "timing": 0.9, "counters": 3.1}
+                 "timing": 0.9, "counters": 3.1, "waiting for the device": 0.4}
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,8 @@ class EvalConfig:
     startup_timeout_s: float = 120.0
     reverify_above: float = 10.0
     rotation_budget_bytes: int = 1 << 30
+    # The device's timing lock (`core.timing.device_lock`); None: the machine's lock of the
+    # worker's device, which every Kiln process shares.
     gpu_lock: str | None = None
     # Hardware counters (Nsight Compute) for the candidate after it is timed; asked for by the
     # search for its best few candidates, not for every one. ncu replays each kernel some 40

@@ -114,8 +114,8 @@ class Judge:
         scratch.mkdir()
         candidate_path, module_name = write_candidate(source, scratch)
         verdict = Verdict(timing_device=timing_label(device))
-        self.lock, self.holds = DeviceLock(config.gpu_lock), ExitStack()
         clock = PhaseClock(verdict)
+        self.lock, self.holds = DeviceLock(config.gpu_lock, clock.waited), ExitStack()
         process: CandidateProcess | None = None
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)

@@ -116,6 +116,9 @@ def slower_reason(verdict: Verdict, timed: bool) -> tuple[Reason, str] | None:
                            f"{verdict.baseline_ms:.4g} ms)")
 
 
+DEVICE_WAIT = "waiting for the device"
+
+
 class PhaseClock:
     """Seconds of a verdict's judging spent in each phase (compile, checks, timing, counters),
     written into `verdict.phase_seconds` as the phases change."""
@@ -134,6 +137,15 @@ class PhaseClock:
 
     def stop(self) -> None:
         self.start(None)
+
+    def waited(self, seconds: float) -> None:
+        """`seconds` of the current phase went to waiting for the device lock (another
+        process's timing, or its checks): counted apart, so that a phase's time is its own."""
+        if self.phase is None or seconds <= 0:
+            return
+        self.since += seconds
+        phases = self.verdict.phase_seconds
+        phases[DEVICE_WAIT] = phases.get(DEVICE_WAIT, 0.0) + seconds
 
 
 def record_errors(verdict: Verdict, comparison: Comparison) -> None:

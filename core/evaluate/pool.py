@@ -116,7 +116,8 @@ class WorkerPool:
             phases["worker start"] = time.monotonic() - began
         config = EvalConfig.from_dict(request.config)
         request = dataclasses.replace(
-            request, config={**request.config, "gpu_lock": self.lock_path(slot)})
+            request, config={**request.config,
+                             "gpu_lock": config.gpu_lock or self.lock_path(slot)})
         waited = time.monotonic()
         with self.reserved(slot, request.problem_path):
             phases["waiting for memory"] = time.monotonic() - waited

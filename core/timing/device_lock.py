@@ -9,7 +9,8 @@ from __future__ import annotations
 import fcntl
 import os
 import tempfile
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import IO
@@ -54,8 +55,11 @@ class DeviceLock:
 
     `path` None: no lock (a process alone on its device)."""
 
-    def __init__(self, path: str | None) -> None:
+    def __init__(self, path: str | None,
+                 on_wait: Callable[[float], None] | None = None) -> None:
+        """`on_wait`: told the seconds of each wait for the lock (another process's turn)."""
         self.path = path
+        self.on_wait = on_wait
         self.handle: IO[str] | None = None
         self.mode = 0  # 0, fcntl.LOCK_SH or fcntl.LOCK_EX
 
@@ -67,10 +71,13 @@ class DeviceLock:
             self.handle = Path(self.path).open("a")  # noqa: SIM115 - held until _drop
         elif self.mode:
             fcntl.flock(self.handle, fcntl.LOCK_UN)
+        began = time.perf_counter()
         with Path(self.path + ".turnstile").open("a") as turnstile:
             fcntl.flock(turnstile, fcntl.LOCK_EX)
             fcntl.flock(self.handle, mode)
         self.mode = mode
+        if self.on_wait is not None:
+            self.on_wait(time.perf_counter() - began)
 
     def _drop(self) -> None:
         if self.handle is not None:
