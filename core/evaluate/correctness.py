@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from core.evaluate.compare_kernel import compare_in_one_pass, fusable
 from core.evaluate.guard import BITS_VIEW, poison_mask
 from core.evaluate.verdict import Reason
 
@@ -184,13 +185,49 @@ def _errors(o: torch.Tensor, r: torch.Tensor, work: torch.dtype, scale: torch.Te
     return diff, (diff / (scale + ref_abs).clamp_min(torch.finfo(work).tiny)).clamp_max(1e30)
 
 
+def reference_scale(ref: torch.Tensor, work: torch.dtype) -> torch.Tensor:
+    """The reference's largest finite magnitude, a 0-dim tensor of `work` on its device. (Where
+    the output is not finite and the reference is, or the other way round, the comparison fails
+    on NaN/Inf before it reads the scale: so the reference alone sets it, once for every output
+    compared with it.)"""
+    scale = torch.zeros((), dtype=work, device=ref.device)
+    for _, (r,) in pieces(ref.detach()):
+        r = r.to(work)
+        scale = torch.maximum(scale, torch.where(r.isfinite(), r.abs(), 0).max())
+    return scale
+
+
+def reference_scales(ref: object) -> list[torch.Tensor | None]:
+    """`reference_scale` of each tensor of a (possibly nested) reference output."""
+    return [reference_scale(r, _work_dtype(r, r)) if isinstance(r, torch.Tensor) and r.numel()
+            else None for r in flatten(ref)]
+
+
+def _counts(out: torch.Tensor, ref: torch.Tensor, work: torch.dtype, exact: bool,
+            scale: torch.Tensor, tol: float) -> torch.Tensor:
+    """Unwritten elements, NaN/Inf mismatches, elements outside the tolerance, the largest
+    absolute and relative errors: five float64 values on the device, a piece at a time."""
+    unwritten = special = bad = torch.zeros((), dtype=torch.int64, device=ref.device)
+    max_abs = max_rel = torch.zeros((), dtype=work, device=ref.device)
+    for _, (o, r) in pieces(out, ref):
+        unwritten = unwritten + _unwritten(o, r).sum()
+        o, r = o.to(work), r.to(work)
+        special = special + _special(o, r, work).sum()
+        diff, rel = _errors(o, r, work, scale)
+        max_abs, max_rel = torch.maximum(max_abs, diff.max()), torch.maximum(max_rel, rel.max())
+        bad = bad + (diff > 0 if exact else rel > tol).sum()
+    return torch.stack([unwritten.double(), special.double(), bad.double(), max_abs.double(),
+                        max_rel.double()])
+
+
 def compare_tensor(index: int, out: torch.Tensor, ref: torch.Tensor, tol: float,
-                   tol_name: str) -> Comparison:
-    """Two passes over the pair, a piece at a time: the first counts unwritten elements and
-    NaN/Inf the reference lacks and takes the reference's scale; the second the errors against
-    it. Counts and maxima stay on the device until both passes are done, and are read once
-    (every timed call is compared too); where a first bad element lies is looked for only
-    when there is one."""
+                   tol_name: str, scale: torch.Tensor | None = None) -> Comparison:
+    """One pass over the pair, counting unwritten elements, NaN/Inf the reference lacks and
+    errors against the reference's scale (`scale`, or `reference_scale`'s). On a GPU one Triton
+    kernel makes the pass (`compare_kernel`); elsewhere PyTorch's ops, a piece at a time. The
+    counts and maxima stay on the device until the pass is done and are read once (every timed
+    call is compared too); where a first bad element lies is looked for only when there is
+    one."""
     label = f"output {index}"
     if out.shape != ref.shape:
         return Comparison(mismatch=Mismatch(
@@ -203,22 +240,12 @@ def compare_tensor(index: int, out: torch.Tensor, ref: torch.Tensor, tol: float,
         return Comparison()
     out, ref = out.detach().to(ref.device), ref.detach()
     work, exact = _work_dtype(out, ref), not out.is_floating_point()
-    unwritten = special = torch.zeros((), dtype=torch.int64, device=ref.device)
-    scale = torch.zeros((), dtype=work, device=ref.device)
-    for _, (o, r) in pieces(out, ref):
-        unwritten = unwritten + _unwritten(o, r).sum()
-        o, r = o.to(work), r.to(work)
-        special = special + _special(o, r, work).sum()
-        both = o.isfinite() & r.isfinite()
-        scale = torch.maximum(scale, torch.where(both, r.abs(), 0).max())
-    bad = torch.zeros((), dtype=torch.int64, device=ref.device)
-    max_abs = max_rel = torch.zeros((), dtype=work, device=ref.device)
-    for _, (o, r) in pieces(out, ref):
-        diff, rel = _errors(o, r, work, scale)
-        max_abs, max_rel = torch.maximum(max_abs, diff.max()), torch.maximum(max_rel, rel.max())
-        bad = bad + (diff > 0 if exact else rel > tol).sum()
-    read = torch.stack([unwritten.double(), special.double(), bad.double(), max_abs.double(),
-                        max_rel.double(), scale.double()]).tolist()
+    scale = reference_scale(ref, work) if scale is None else scale
+    if not exact and out.device.type == "cuda" and fusable(out, ref):
+        counts = compare_in_one_pass(out, ref, scale, tol)
+    else:
+        counts = _counts(out, ref, work, exact, scale, tol)
+    read = torch.cat([counts, scale.double().reshape(1)]).tolist()
     n_unwritten, n_special, n_bad = (int(count) for count in read[:3])
     if n_unwritten:
         where = unravel(first_where((out, ref), _unwritten), out.shape)
@@ -249,9 +276,10 @@ def compare_tensor(index: int, out: torch.Tensor, ref: torch.Tensor, tol: float,
     return result
 
 
-def compare_outputs(out: object, ref: object, tolerances: dict[torch.dtype, tuple[str, float]]
-                    ) -> Comparison:
-    """Compare every tensor of two (possibly nested) outputs; the first mismatch wins."""
+def compare_outputs(out: object, ref: object, tolerances: dict[torch.dtype, tuple[str, float]],
+                    scales: list[torch.Tensor | None] | None = None) -> Comparison:
+    """Compare every tensor of two (possibly nested) outputs; the first mismatch wins.
+    `scales`: the reference's `reference_scales`, for a reference compared many times."""
     outs, refs = flatten(out), flatten(ref)
     if len(outs) != len(refs):
         return Comparison(mismatch=Mismatch(
@@ -269,7 +297,8 @@ def compare_outputs(out: object, ref: object, tolerances: dict[torch.dtype, tupl
                 Reason.OUTPUT_STRUCTURE,
                 f"output {index} is a {type(o).__name__}, the reference a tensor"))
         tol_name, tol = tolerances.get(r.dtype, ("exact", 0.0))
-        one = compare_tensor(index, o, r, tol, tol_name)
+        one = compare_tensor(index, o, r, tol, tol_name,
+                             scales[index] if scales is not None else None)
         total.max_abs_err = max(total.max_abs_err, one.max_abs_err)
         total.max_rel_err = max(total.max_rel_err, one.max_rel_err)
         if one.mismatch:

@@ -17,7 +17,12 @@ import torch
 
 from core.evaluate.candidate import Rejected
 from core.evaluate.config import EvalConfig
-from core.evaluate.correctness import Comparison, changed_inputs, compare_outputs
+from core.evaluate.correctness import (
+    Comparison,
+    changed_inputs,
+    compare_outputs,
+    reference_scales,
+)
 from core.evaluate.exact_reference import ExactAnswer, as_close_as_pytorch, exact_answer
 from core.evaluate.exchange import SharedInput
 from core.evaluate.trial import Models, checked_call, judge_failure, shared_copies, tensors_of
@@ -34,11 +39,12 @@ def time_candidate(models: Models, candidate_sets: list[list[object]],
     inputs and output checked against its set's."""
     calls = 0
     exact: dict[int, ExactAnswer] = {}  # each set's, for outputs that are noise
+    scales = [reference_scales(reference) for reference in references]  # read once, not a call
 
     def failure(outputs: object, index: int) -> str | None:
         """Why a call's outputs fail, as the checks would fail them (against fp64 too, for
         outputs that passed only so); None when they pass."""
-        compared = compare_outputs(outputs, references[index], models.tolerances)
+        compared = compare_outputs(outputs, references[index], models.tolerances, scales[index])
         if compared.mismatch is None:
             return None
         if models.against_exact:
