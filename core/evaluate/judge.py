@@ -22,6 +22,7 @@ import secrets
 import shutil
 import time
 import traceback
+from collections import OrderedDict
 from collections.abc import Callable
 from contextlib import ExitStack, suppress
 from pathlib import Path
@@ -58,16 +59,19 @@ from core.timing.device_lock import DeviceLock
 from core.timing.precision import fp32_matmuls
 
 REVERIFY_SEED_OFFSET = 1000
+LOADED_PROBLEMS = 8  # kept loaded (their modules and byte counts, no device memory)
 
 
 class Judge:
-    """Judges candidates, keeping the last problem and its reference model loaded."""
+    """Judges candidates, keeping the last few problems loaded (a search's steps alternate
+    between sites) and the last one's reference models."""
 
     def __init__(self, workdir: Path, zygote: Zygote, log_path: Path) -> None:
         self.workdir, self.zygote, self.log_path = workdir, zygote, log_path
         self.problem_key: tuple[str, int] | None = None
         self.problem: Problem | None = None
         self.sizes: ProblemBytes | None = None
+        self.loaded: OrderedDict[tuple[str, int], tuple[Problem, ProblemBytes]] = OrderedDict()
         self.references: dict[tuple[int, str], torch.nn.Module] = {}
         self.lock = DeviceLock(None)
         self.holds = ExitStack()
@@ -78,8 +82,13 @@ class Judge:
         resolved = Path(path).resolve()
         key = (str(resolved), resolved.stat().st_mtime_ns)
         if key != self.problem_key or self.problem is None:
-            self.problem, self.problem_key = load_problem(resolved), key
-            self.sizes, self.references = problem_bytes(resolved), {}
+            if key not in self.loaded:
+                self.loaded[key] = (load_problem(resolved), problem_bytes(resolved))
+                while len(self.loaded) > LOADED_PROBLEMS:
+                    self.loaded.popitem(last=False)
+            self.loaded.move_to_end(key)
+            (self.problem, self.sizes), self.problem_key = self.loaded[key], key
+            self.references = {}  # device memory: the current problem's only
         return self.problem
 
     def reference(self, seed: int, device: torch.device) -> torch.nn.Module:
