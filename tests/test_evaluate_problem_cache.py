@@ -4,12 +4,12 @@ each site's problem once, a changed file is loaded again, and the cache stays bo
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
 import core.evaluate.judge as judge_module
-from core.evaluate.judge import LOADED_PROBLEMS, Judge
-from core.evaluate.zygote import Zygote
+from core.evaluate.judge import LOADED_PROBLEMS, LoadedProblems
 
 PROBLEM = """
 import torch
@@ -30,13 +30,6 @@ def get_init_inputs():
 """
 
 
-@pytest.fixture(scope="module")
-def zygote():
-    started = Zygote("cpu")
-    yield started
-    started.close()
-
-
 @pytest.fixture
 def loads(monkeypatch):
     """The paths the judge loads, in order (the real loader, counted)."""
@@ -51,37 +44,43 @@ def loads(monkeypatch):
     return seen
 
 
-def write(folder, name: str, factor: float):
+def write(folder: Path, name: str, factor: float) -> Path:
     path = folder / f"{name}.py"
     path.write_text(PROBLEM.format(factor=factor))
-    return path
+    return path.resolve()
 
 
-def test_alternating_problems_are_each_loaded_once(tmp_path, zygote, loads):
-    judge = Judge(tmp_path, zygote, tmp_path / "log")
+def get(cache: LoadedProblems, path: Path):
+    problem, sizes = cache.get(path, (str(path), path.stat().st_mtime_ns))
+    assert problem.path == path and sizes.inputs == 16 * 4
+    return problem
+
+
+def test_alternating_problems_are_each_loaded_once(tmp_path, loads):
+    cache = LoadedProblems()
     a, b = write(tmp_path, "a", 2.0), write(tmp_path, "b", 3.0)
     for path in (a, b, a, b, a):
-        assert judge.load(str(path)).path == path.resolve()
+        get(cache, path)
     assert loads == ["a.py", "b.py"]
 
 
-def test_a_changed_problem_is_loaded_again(tmp_path, zygote, loads):
-    judge = Judge(tmp_path, zygote, tmp_path / "log")
+def test_a_changed_problem_is_loaded_again(tmp_path, loads):
+    cache = LoadedProblems()
     a = write(tmp_path, "a", 2.0)
-    judge.load(str(a))
+    get(cache, a)
     write(tmp_path, "a", 4.0)
     stat = a.stat()
     os.utime(a, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
-    judge.load(str(a))
+    get(cache, a)
     assert loads == ["a.py", "a.py"]
 
 
-def test_the_oldest_problem_leaves_the_cache(tmp_path, zygote, loads):
-    judge = Judge(tmp_path, zygote, tmp_path / "log")
+def test_the_oldest_problem_leaves_the_cache(tmp_path, loads):
+    cache = LoadedProblems()
     paths = [write(tmp_path, f"p{i}", float(i)) for i in range(LOADED_PROBLEMS + 1)]
     for path in paths:
-        judge.load(str(path))
-    assert len(judge.loaded) == LOADED_PROBLEMS
-    judge.load(str(paths[-1]))
-    judge.load(str(paths[0]))  # evicted: loaded again
+        get(cache, path)
+    assert len(cache.loaded) == LOADED_PROBLEMS
+    get(cache, paths[-1])
+    get(cache, paths[0])  # evicted: loaded again
     assert loads == [p.name for p in paths] + ["p0.py"]

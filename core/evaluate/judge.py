@@ -62,6 +62,22 @@ REVERIFY_SEED_OFFSET = 1000
 LOADED_PROBLEMS = 8  # kept loaded (their modules and byte counts, no device memory)
 
 
+class LoadedProblems:
+    """The last `LOADED_PROBLEMS` problems loaded, with their byte counts, by path and
+    modification time: a changed file is loaded again."""
+
+    def __init__(self) -> None:
+        self.loaded: OrderedDict[tuple[str, int], tuple[Problem, ProblemBytes]] = OrderedDict()
+
+    def get(self, path: Path, key: tuple[str, int]) -> tuple[Problem, ProblemBytes]:
+        if key not in self.loaded:
+            self.loaded[key] = (load_problem(path), problem_bytes(path))
+            while len(self.loaded) > LOADED_PROBLEMS:
+                self.loaded.popitem(last=False)
+        self.loaded.move_to_end(key)
+        return self.loaded[key]
+
+
 class Judge:
     """Judges candidates, keeping the last few problems loaded (a search's steps alternate
     between sites) and the last one's reference models."""
@@ -71,7 +87,7 @@ class Judge:
         self.problem_key: tuple[str, int] | None = None
         self.problem: Problem | None = None
         self.sizes: ProblemBytes | None = None
-        self.loaded: OrderedDict[tuple[str, int], tuple[Problem, ProblemBytes]] = OrderedDict()
+        self.loaded = LoadedProblems()
         self.references: dict[tuple[int, str], torch.nn.Module] = {}
         self.lock = DeviceLock(None)
         self.holds = ExitStack()
@@ -82,12 +98,7 @@ class Judge:
         resolved = Path(path).resolve()
         key = (str(resolved), resolved.stat().st_mtime_ns)
         if key != self.problem_key or self.problem is None:
-            if key not in self.loaded:
-                self.loaded[key] = (load_problem(resolved), problem_bytes(resolved))
-                while len(self.loaded) > LOADED_PROBLEMS:
-                    self.loaded.popitem(last=False)
-            self.loaded.move_to_end(key)
-            (self.problem, self.sizes), self.problem_key = self.loaded[key], key
+            (self.problem, self.sizes), self.problem_key = self.loaded.get(resolved, key), key
             self.references = {}  # device memory: the current problem's only
         return self.problem
 
