@@ -5,6 +5,7 @@ half-precision output may be only as far from fp64 as PyTorch's own."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from core.evaluate import EvalConfig, Evaluator
@@ -14,6 +15,8 @@ from core.evaluate.exact_reference import (
     ExactAnswer,
     as_close_as_pytorch,
     exact_answer,
+    exact_bytes,
+    no_room_for_exact,
 )
 from generators.rules import RulesGenerator
 
@@ -135,3 +138,39 @@ def test_a_half_precision_output_may_be_as_far_from_fp64_as_pytorchs_and_no_furt
     assert as_close_as_pytorch(further, reference, exact, BF16) is None
     # Where the end-to-end check leaves half precision to its own rule.
     assert as_close_as_pytorch(nearer, reference, exact, BF16, FULL_PRECISION) is None
+
+
+def test_the_fp64_answers_bytes_are_counted_before_it_is_made():
+    model = torch.nn.Linear(64, 32)
+    x = torch.randn(8, 64)
+    # The model copied (fp32) and in fp64, the input in fp64, the fp64 answer.
+    weights = 64 * 32 + 32
+    assert exact_bytes(model, [x], model(x)) == weights * (4 + 8) + 8 * 64 * 8 + 8 * 32 * 8
+    assert no_room_for_exact(model, [x], model(x), torch.device("cpu")) is None
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_fp64_answer_takes_no_more_than_counted():
+    model = torch.nn.Linear(2048, 2048).cuda()
+    x = torch.randn(256, 2048, device="cuda")
+    with torch.no_grad():
+        out = model(x)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    exact_answer(model, [x])
+    assert torch.cuda.max_memory_allocated() - before <= exact_bytes(model, [x], out)
+    assert no_room_for_exact(model, [x], out, torch.device("cuda")) is None
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_inputs_larger_than_the_model_are_counted_too():
+    model = torch.nn.Linear(64, 64).cuda()
+    x = torch.randn(1 << 16, 64, device="cuda")  # 16 MiB of input, a 16 KiB model
+    with torch.no_grad():
+        out = model(x)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    exact_answer(model, [x])
+    assert torch.cuda.max_memory_allocated() - before <= exact_bytes(model, [x], out)

@@ -55,6 +55,36 @@ def exact_answer(model: torch.nn.Module, inputs: Sequence[object], seed: int = 0
     return ExactAnswer(exact, wobbled)
 
 
+def exact_bytes(model: torch.nn.Module, inputs: Sequence[object], output: object) -> int:
+    """The device bytes `exact_answer` takes beyond what is held already, at its peak: the
+    model's copy and its fp64 version, the floating inputs in fp64 and the fp64 answer; then,
+    beside that answer, the inputs moved by one rounding (their signs, two temporaries of
+    `wobble`'s arithmetic and the result) and their answer."""
+    weights = [t for t in [*model.parameters(), *model.buffers()] if t.is_floating_point()]
+    floating = [t for t in inputs if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    outputs = [t for t in flatten(output) if isinstance(t, torch.Tensor)]
+    copied = sum(t.numel() * (t.element_size() + 8) for t in weights)
+    exact_out = sum(t.numel() * 8 for t in outputs)
+    first = copied + sum(t.numel() * 8 for t in floating) + exact_out
+    second = exact_out + sum(t.numel() * (3 * t.element_size() + 1) for t in floating) + sum(
+        t.numel() * t.element_size() for t in outputs)
+    return max(first, second)
+
+
+def no_room_for_exact(model: torch.nn.Module, inputs: Sequence[object], output: object,
+                      device: torch.device) -> str | None:
+    """Why the fp64 answer cannot be made on `device` now (it would not fit in the memory the
+    GPU has free: trying would take what other judges' candidates hold, then fail), or None."""
+    if device.type != "cuda":
+        return None
+    needed = exact_bytes(model, inputs, output)
+    free, _ = torch.cuda.mem_get_info(device)
+    if needed <= free:
+        return None
+    return (f"it would need {needed / 1e9:.2f} GB of device memory, "
+            f"{free / 1e9:.2f} GB are free")
+
+
 def wobble(t: torch.Tensor, seed: int) -> torch.Tensor:
     """`t` with each element times 1 ± eps of its dtype, the signs drawn on its device."""
     generator = torch.Generator(device=t.device).manual_seed(seed)

@@ -23,7 +23,12 @@ from core.evaluate.correctness import (
     compare_outputs,
     reference_scales,
 )
-from core.evaluate.exact_reference import ExactAnswer, as_close_as_pytorch, exact_answer
+from core.evaluate.exact_reference import (
+    ExactAnswer,
+    as_close_as_pytorch,
+    exact_answer,
+    no_room_for_exact,
+)
 from core.evaluate.exchange import SharedInput
 from core.evaluate.trial import Models, checked_call, judge_failure, shared_copies, tensors_of
 from core.evaluate.verdict import Reason, Verdict
@@ -49,6 +54,10 @@ def time_candidate(models: Models, candidate_sets: list[list[object]],
             return None
         if models.against_exact:
             if index not in exact:
+                no_room = no_room_for_exact(models.reference, plain_sets[index],
+                                            references[index], models.candidate.device)
+                if no_room is not None:
+                    return f"{compared.mismatch.message} (no fp64 second opinion: {no_room})"
                 exact[index] = exact_answer(models.reference, plain_sets[index])
             if as_close_as_pytorch(outputs, references[index], exact[index],
                                    models.tolerances) is not None:

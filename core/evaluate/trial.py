@@ -27,7 +27,7 @@ from core.evaluate.correctness import (
     flatten,
 )
 from core.evaluate.diagnosis import moved_bytes
-from core.evaluate.exact_reference import as_close_as_pytorch, exact_answer
+from core.evaluate.exact_reference import as_close_as_pytorch, exact_answer, no_room_for_exact
 from core.evaluate.exchange import Opaque, SharedInput
 from core.evaluate.guard import ANCHOR_OPS
 from core.evaluate.verdict import Reason
@@ -152,10 +152,15 @@ def run_trial(models: Models, label: str, pristine: list[object], device: torch.
 def second_opinion(models: Models, pristine: list[object], out: object, reference_out: object,
                    failed: Comparison) -> Comparison:
     """`failed` stands unless the outputs are as close to the fp64 answer as PyTorch's are."""
+    assert failed.mismatch is not None
+    no_room = no_room_for_exact(models.reference, pristine, reference_out,
+                                models.candidate.device)
+    if no_room is not None:
+        failed.mismatch.message += f" (no fp64 second opinion: {no_room})"
+        return failed
     try:
         exact = exact_answer(models.reference, pristine)
     except (torch.OutOfMemoryError, RuntimeError) as err:  # the failure stands, and says why
-        assert failed.mismatch is not None
         failed.mismatch.message += f" (no fp64 second opinion: {error_line(err)})"
         return failed
     against = as_close_as_pytorch(out, reference_out, exact, models.tolerances)
