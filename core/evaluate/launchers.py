@@ -102,11 +102,15 @@ class LauncherFolder:
         self.failed: dict[tuple[str, ...], str] = {}  # tried once, not again
         folder.mkdir(parents=True, exist_ok=True)
 
-    def path_of(self, signature: tuple[str, ...]) -> Path:
+    def source_and_path(self, signature: tuple[str, ...]) -> tuple[str, Path]:
+        """Triton's launcher source for `signature`, and where the candidates' caches look."""
         from triton.backends.nvidia.driver import make_launcher
 
         source = make_launcher({}, dict(enumerate(signature)), None)
-        return self.folder / launcher_key(source) / f"{LAUNCHER}{suffix()}"
+        return source, self.folder / launcher_key(source) / f"{LAUNCHER}{suffix()}"
+
+    def path_of(self, signature: tuple[str, ...]) -> Path:
+        return self.source_and_path(signature)[1]
 
     def build(self, requested: Any) -> list[tuple[str, ...]]:
         """Build the launchers of `requested` (a candidate's record: checked here, the rest
@@ -129,16 +133,10 @@ class LauncherFolder:
         return built
 
     def _build(self, signature: tuple[str, ...]) -> None:
-        from triton.backends.nvidia.driver import (
-            include_dirs,
-            libraries,
-            library_dirs,
-            make_launcher,
-        )
+        from triton.backends.nvidia.driver import include_dirs, libraries, library_dirs
         from triton.runtime.build import _build
 
-        source = make_launcher({}, dict(enumerate(signature)), None)
-        target = self.folder / launcher_key(source) / f"{LAUNCHER}{suffix()}"
+        source, target = self.source_and_path(signature)
         with tempfile.TemporaryDirectory(dir=self.folder) as work:
             source_path = Path(work, f"{LAUNCHER}.c")
             source_path.write_text(source)
