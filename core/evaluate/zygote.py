@@ -22,6 +22,7 @@ import os
 import select
 import signal
 import socket
+import sys
 import tempfile
 import time
 import traceback
@@ -76,6 +77,7 @@ def _candidate_process(sock: socket.socket, request: dict[str, Any]) -> None:
                         "TRITON_CACHE_DIR": scratch / "triton"}.items():
         os.environ[name] = str(value)
     tempfile.tempdir = None  # read again from TMPDIR: the zygote's answer was /tmp
+    sys.dont_write_bytecode = True  # the candidate's module is imported once, then deleted
     limits = Limits(**request["limits"])
     missing_launchers = (use_shared_launchers(Path(request["launchers"]))
                          if request.get("launchers") else [])
