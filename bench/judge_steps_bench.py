@@ -153,15 +153,13 @@ def main() -> None:
     from core.evaluate.judge import Judge
     from core.evaluate.sandbox import require_sandbox
     from core.evaluate.worker import prepare_judging
-    from core.evaluate.zygote import Zygote
 
     require_sandbox()
     prepare_judging(args.device)
-    began = time.perf_counter()
-    zygote = Zygote(args.device)
-    print(f"zygote ready in {time.perf_counter() - began:.2f} s", flush=True)
     folder = Path(tempfile.mkdtemp())
-    judge = Judge(folder, zygote, folder / "stderr.log")
+    began = time.perf_counter()
+    judge = Judge.start(folder, args.device)  # as a worker starts it, launcher folder and all
+    print(f"zygote ready in {time.perf_counter() - began:.2f} s", flush=True)
     judge_labels = {_label(o, n) for o, n in JUDGE_STEPS}
     candidates = (largest_site_drafts(args.model, args.device, args.drafts, folder)
                   if args.model else
@@ -188,7 +186,7 @@ def main() -> None:
                 if args.device == "cuda":
                     torch.cuda.empty_cache()
     finally:
-        zygote.close()
+        judge.zygote.close()
 
 
 if __name__ == "__main__":

@@ -133,14 +133,12 @@ from core.evaluate.judge import Judge
 from core.evaluate.launchers import LauncherFolder
 from core.evaluate.sandbox import require_sandbox
 from core.evaluate.worker import prepare_judging
-from core.evaluate.zygote import Zygote
 
 require_sandbox()
 prepare_judging("cuda")
 data = Path(sys.argv[1])
 workdir = Path(tempfile.mkdtemp())
-zygote = Zygote("cuda", launchers=workdir / "launchers")
-judge = Judge(workdir, zygote, workdir / "stderr.log")
+judge = Judge.start(workdir, "cuda")
 reports = []
 build = LauncherFolder.build
 judge.launchers.build = lambda requested: reports.append(requested) or build(judge.launchers,
@@ -153,8 +151,8 @@ for _ in range(2):
     verdict, _ = judge.judge(request.problem_path, request.candidate_source, config,
                              set(request.anchors), lambda phase: None)
     verdicts.append(verdict.reason if not verdict.correct else "correct")
-zygote.close()
-built = sorted(p.name for p in (workdir / "launchers").glob("*/*"))
+judge.zygote.close()
+built = sorted(p.name for p in judge.launchers.folder.glob("*/*"))
 shutil.rmtree(workdir, ignore_errors=True)
 print(json.dumps({"verdicts": verdicts, "reports": reports, "built": built}))
 """

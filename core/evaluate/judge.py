@@ -94,6 +94,14 @@ class Judge:
         self.count = 0
         self.launchers = LauncherFolder(zygote.launchers) if zygote.launchers else None
 
+    @classmethod
+    def start(cls, folder: Path, device: str) -> Judge:
+        """A judge working in `folder`, its zygote forked now (before this process touches
+        CUDA: candidates' processes start it afresh) with, on CUDA, the folder of Triton
+        launchers its candidates' processes read."""
+        zygote = Zygote(device, launchers=folder / "launchers" if device == "cuda" else None)
+        return cls(folder, zygote, folder / "stderr.log")
+
     def load(self, path: str) -> Problem:
         resolved = Path(path).resolve()
         key = (str(resolved), resolved.stat().st_mtime_ns)

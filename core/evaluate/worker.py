@@ -209,7 +209,6 @@ def serve(folder: Path, device: str) -> None:
     from core.evaluate.config import EvalConfig
     from core.evaluate.judge import Judge
     from core.evaluate.sandbox import SandboxError, require_sandbox
-    from core.evaluate.zygote import Zygote
 
     try:
         require_sandbox()
@@ -217,15 +216,13 @@ def serve(folder: Path, device: str) -> None:
         send({"type": "input_error", "problem": err.problem, "fix": err.fix})
         return
     prepare_judging(device)
-    # Forked before this process touches CUDA: candidates' processes start CUDA afresh.
     try:
-        zygote = Zygote(device, launchers=folder / "launchers" if device == "cuda" else None)
+        judge = Judge.start(folder, device)
     except SandboxError as err:
         send({"type": "input_error", "problem": str(err),
               "fix": "judge where a process may make network and PID namespaces (root, or "
                      "unprivileged user namespaces enabled) and Landlock is enabled"})
         return
-    judge = Judge(folder, zygote, folder / "stderr.log")
     send({"type": "ready"})
     for line in sys.stdin:
         request = json.loads(line)
@@ -250,7 +247,7 @@ def serve(folder: Path, device: str) -> None:
         send({"type": "verdict", "verdict": verdict.to_dict(), "healthy": healthy})
         if not healthy:
             break
-    zygote.close()
+    judge.zygote.close()
 
 
 if __name__ == "__main__":
