@@ -51,15 +51,16 @@ def _compare_kernel(out_ptr, ref_ptr, params_ptr, partial_ptr, n, poison,
         unwritten += (o_poisoned & (r_poisoned == 0) & inside).to(tl.int32)
         o = o_raw.to(WORK)
         r = r_raw.to(WORK)
+        o_abs = tl.abs(o)
+        r_abs = tl.abs(r)
         o_nan = o != o
         r_nan = r != r
-        o_inf = (tl.abs(o) == float("inf"))
-        r_inf = (tl.abs(r) == float("inf"))
-        infinite = (o_inf | r_inf) & (o != r) & ((o_nan | r_nan) == 0)
+        infinite = ((o_abs == float("inf")) | (r_abs == float("inf"))) & (o != r) & (
+            (o_nan | r_nan) == 0)
         special += (((o_nan != r_nan) | infinite) & inside).to(tl.int32)
-        finite = (tl.abs(o) < float("inf")) & (tl.abs(r) < float("inf"))
+        finite = (o_abs < float("inf")) & (r_abs < float("inf"))
         diff = tl.where(finite, tl.abs(o - r), 0.0)
-        ref_abs = tl.where(finite, tl.abs(r), 0.0)
+        ref_abs = tl.where(finite, r_abs, 0.0)
         rel = tl.minimum(diff / tl.maximum(scale + ref_abs, tiny), REL_CAP)
         bad += ((rel > tol) & inside).to(tl.int32)
         max_abs = tl.maximum(max_abs, diff)
@@ -90,8 +91,8 @@ def compare_in_one_pass(out: torch.Tensor, ref: torch.Tensor, scale: torch.Tenso
     (`correctness.compare_tensor`'s rules), for a `fusable` pair: five float64 values on the
     device, in the order of the partials' columns."""
     bits, pattern = FLOAT_POISON[out.dtype]
-    work = torch.float64 if out.dtype == torch.float64 else torch.float32
-    params = torch.stack([scale.to(work), torch.tensor(tol, dtype=work, device=out.device),
+    work = scale.dtype  # the comparison's work dtype (`correctness._work_dtype`)
+    params = torch.stack([scale, torch.tensor(tol, dtype=work, device=out.device),
                           torch.tensor(torch.finfo(work).tiny, dtype=work, device=out.device)])
     programs = triton.cdiv(out.numel(), BLOCK * BLOCKS_PER_PROGRAM)
     partials = torch.empty((programs, 5), dtype=torch.float64, device=out.device)

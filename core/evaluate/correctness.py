@@ -211,7 +211,6 @@ def _counts(out: torch.Tensor, ref: torch.Tensor, work: torch.dtype, exact: bool
     max_abs = max_rel = torch.zeros((), dtype=work, device=ref.device)
     for _, (o, r) in pieces(out, ref):
         unwritten = unwritten + _unwritten(o, r).sum()
-        o, r = o.to(work), r.to(work)
         special = special + _special(o, r, work).sum()
         diff, rel = _errors(o, r, work, scale)
         max_abs, max_rel = torch.maximum(max_abs, diff.max()), torch.maximum(max_rel, rel.max())

@@ -50,6 +50,12 @@ def launcher_key(source: str) -> str:
     return _base32(hashlib.sha256((source + platform_key()).encode("utf-8")).hexdigest())
 
 
+def launcher_path(folder: Path, source: str) -> Path:
+    """Where in `folder` Triton's cache (`SharedLaunchers`) finds the launcher built from
+    `source`."""
+    return folder / launcher_key(source) / f"{LAUNCHER}{suffix()}"
+
+
 def checked_signature(value: Any) -> tuple[str, ...] | None:
     """`value` as a launcher signature the judge will build, or None when it is not one: a list
     of Triton's scalar, pointer and constexpr type names (no tuples, no tensor descriptors)."""
@@ -86,7 +92,7 @@ def use_shared_launchers(folder: Path) -> list[list[str]]:
 
     def recording(constants: Any, signature: dict[Any, Any], tensordesc_meta: Any) -> str:
         source = make_launcher(constants, signature, tensordesc_meta)
-        if not (folder / launcher_key(source) / f"{LAUNCHER}{suffix()}").is_file():
+        if not launcher_path(folder, source).is_file():
             missing.append([str(v) for v in signature.values()])
         return source
 
@@ -107,7 +113,7 @@ class LauncherFolder:
         from triton.backends.nvidia.driver import make_launcher
 
         source = make_launcher({}, dict(enumerate(signature)), None)
-        return source, self.folder / launcher_key(source) / f"{LAUNCHER}{suffix()}"
+        return source, launcher_path(self.folder, source)
 
     def path_of(self, signature: tuple[str, ...]) -> Path:
         return self.source_and_path(signature)[1]
