@@ -122,6 +122,18 @@ def test_a_failed_build_is_said_and_not_tried_again(tmp_path, stand_in_libcuda, 
     assert not folder.path_of(tuple(POINTWISE)).exists()
 
 
+def test_the_runner_reports_the_very_record_the_launch_hook_fills():
+    """An empty record is still the one `use_shared_launchers` fills as kernels launch."""
+    import torch
+
+    from core.evaluate.runner import Runner
+
+    missing: list[list[str]] = []
+    runner = Runner(None, torch.device("cpu"), missing)  # type: ignore[arg-type]
+    missing.append(POINTWISE)
+    assert runner.handle({"op": "stats"}, [])[0]["launchers"] == [POINTWISE]
+
+
 # A judge in a fresh process, as a worker runs one (a process that has started CUDA cannot fork
 # the zygote), judging one candidate twice; it prints what each candidate's process reported.
 JUDGE_TWICE = """

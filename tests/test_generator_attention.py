@@ -11,6 +11,7 @@ import torch
 
 from core.evaluate import EvalConfig, Evaluator, evaluate
 from core.runtime.install import install
+from core.runtime.problem_loader import import_file
 from generators.base import Parent
 from generators.rules import RulesGenerator
 from generators.site_graph import Unsupported, load_site_graph
@@ -274,10 +275,10 @@ def test_gpt2_small_masked_causal_attention_against_torch_compile(dtype, tmp_pat
         expected = model(*inputs)
         compiled_ms = triton.testing.do_bench(lambda: compiled(*inputs))
     graph = load_site_graph(path)
-    for config, why in attention_drafts(graph):
-        namespace: dict = {}
-        exec(compile(write_attention(graph, config), "model_new.py", "exec"), namespace)
-        kernel = namespace["ModelNew"]()
+    for number, (config, why) in enumerate(attention_drafts(graph)):
+        source = tmp_path / f"model_new_{number}.py"  # Triton reads a kernel's source file
+        source.write_text(write_attention(graph, config))
+        kernel = import_file(source, source.stem).ModelNew()
         with torch.no_grad():
             actual = kernel(*inputs)
             kernel_ms = triton.testing.do_bench(lambda kernel=kernel: kernel(*inputs))

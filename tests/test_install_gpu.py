@@ -22,7 +22,7 @@ def on_gpu(factory):
 
 
 @pytest.mark.parametrize(("factory", "tier"), [
-    (models.make_mlp, "triton"), (models.make_mlp, "cuda"), (models.make_resnet, "triton")])
+    (models.make_mlp, "triton"), (models.make_resnet, "cuda"), (models.make_resnet, "triton")])
 def test_installed_kernels_are_right_under_inductor_on_a_side_stream(factory, tier, tmp_path):
     model, inputs = on_gpu(factory)
     kernels = site_kernels(model, inputs, tmp_path, CUDA, tier)

@@ -24,6 +24,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -183,18 +184,22 @@ def collect(problem_path: Path, candidate_path: Path, seed: int, timeout_s: floa
         return CounterReport(notes=["Nsight Compute (ncu) was not found on PATH, in "
                                     "/usr/local/cuda/bin or /opt/nvidia/nsight-compute; set "
                                     "KILN_NCU to its path for hardware counters"])
-    env = child_env("cuda")
     started = time.perf_counter()
-    process = subprocess.Popen(ncu_command(ncu, problem_path, candidate_path, seed, lock_path),
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env=env, cwd=REPO_ROOT, start_new_session=True)
-    try:
-        output, _ = process.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.communicate()
-        return CounterReport(notes=[f"ncu gave no counters within {timeout_s:g}s and was "
-                                    "killed"], seconds=time.perf_counter() - started)
+    # Triton's cache must be writable behind the profiled process's walls: a folder of its own
+    # in the temporary folder, gone with the profile.
+    with tempfile.TemporaryDirectory(prefix="kiln-ncu-triton-") as triton_cache:
+        process = subprocess.Popen(
+            ncu_command(ncu, problem_path, candidate_path, seed, lock_path),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env=child_env("cuda", {"TRITON_CACHE_DIR": triton_cache}), cwd=REPO_ROOT,
+            start_new_session=True)
+        try:
+            output, _ = process.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+            return CounterReport(notes=[f"ncu gave no counters within {timeout_s:g}s and was "
+                                        "killed"], seconds=time.perf_counter() - started)
     seconds = time.perf_counter() - started
     if save_output is not None:
         save_output.write_text(output)
@@ -215,9 +220,8 @@ def profiled_forward(problem_path: Path, candidate_path: Path, seed: int,
                      lock_path: str | None) -> None:
     """Build the candidate as the judge does, warm it (compiling its kernels), and run one
     forward under the profiler, holding the device alone. The candidate is confined first:
-    writes only beside it, in the temporary folder (ncu's files) and to the GPU's devices."""
-    import tempfile
-
+    writes only beside it, in the temporary folder (ncu's files, Triton's cache) and to the
+    GPU's devices."""
     import torch
 
     from core.evaluate.sandbox import device_paths, restrict_writes

@@ -55,7 +55,8 @@ class Runner:
     def __init__(self, sock: socket.socket, device: torch.device,
                  missing_launchers: list[list[str]] | None = None) -> None:
         self.sock = sock
-        self.missing_launchers = missing_launchers or []  # `launchers.use_shared_launchers`
+        # The very list `launchers.use_shared_launchers` fills as kernels launch: empty when given.
+        self.missing_launchers = [] if missing_launchers is None else missing_launchers
         self.device = device
         self.side = CandidateSide(device)
         self.model: torch.nn.Module | None = None
