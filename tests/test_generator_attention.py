@@ -272,7 +272,8 @@ def test_gpt2_small_masked_causal_attention_against_torch_compile(dtype, tmp_pat
     model = problem.Model().cuda()
     compiled = torch.compile(model)
     with torch.no_grad():
-        expected = model(*inputs)
+        exact = model(*(x.double() for x in inputs))
+        eager_error = relative_error(model(*inputs), exact)
         compiled_ms = triton.testing.do_bench(lambda: compiled(*inputs))
     graph = load_site_graph(path)
     for number, (config, why) in enumerate(attention_drafts(graph)):
@@ -282,8 +283,15 @@ def test_gpt2_small_masked_causal_attention_against_torch_compile(dtype, tmp_pat
         with torch.no_grad():
             actual = kernel(*inputs)
             kernel_ms = triton.testing.do_bench(lambda kernel=kernel: kernel(*inputs))
-        error = ((actual.float() - expected.float()).abs().max() /
-                 expected.float().abs().max()).item()
+        error = relative_error(actual, exact)
         print(f"{dtype} {why}; {config.describe()}: {kernel_ms:.3f} ms, torch.compile "
-              f"{compiled_ms:.3f} ms, {compiled_ms / kernel_ms:.2f}x, relative error {error:.2e}")
-        assert error < (1e-4 if dtype == torch.float32 else 1e-2)
+              f"{compiled_ms:.3f} ms, {compiled_ms / kernel_ms:.2f}x, relative error {error:.2e} "
+              f"(eager {eager_error:.2e})")
+        # As close to the fp64 answer as PyTorch's own kernels in the same dtype, give or take
+        # a rounding of the output.
+        assert error <= 2 * eager_error + (1e-4 if dtype == torch.float32 else 8e-3), error
+
+
+def relative_error(actual: torch.Tensor, exact: torch.Tensor) -> float:
+    """The largest error over the largest magnitude of the exact answer."""
+    return ((actual.double() - exact).abs().max() / exact.abs().max()).item()
