@@ -48,6 +48,24 @@ def test_a_forgotten_buffer_crosses_again():
     assert "fd" in record and torch.equal(value, torch.ones(5))
 
 
+def test_a_candidates_process_lets_go_of_buffers_the_judge_forgets_when_asked():
+    """The judge asks before it allocates new copies (on a GPU, shared memory stays allocated
+    until both sides have let go)."""
+    from core.evaluate.runner import Runner
+
+    judge = JudgeSide()
+    runner = Runner(None, torch.device("cpu"))  # type: ignore[arg-type]
+    shared = judge.shared_copy(torch.ones(5), "input 0")
+    hand_in(judge, runner.side, [shared])
+    assert shared.number in runner.side.inputs
+    judge.forget(shared)
+    reply = runner.handle({"op": "forget", "numbers": judge.take_dropped()}, [])
+    assert reply == ({"type": "forgotten"}, [])
+    assert shared.number not in runner.side.inputs
+    with pytest.raises(TransportError, match="never handed in"):
+        runner.side.load_input({"t": "tensor", "number": shared.number}, [])
+
+
 def test_a_number_never_handed_in_is_a_transport_error():
     candidate = CandidateSide(torch.device("cpu"))
     with pytest.raises(TransportError, match="input buffer 3 was never handed in"):

@@ -124,6 +124,19 @@ class CandidateProcess:
         finally:
             close_unused(reply_fds, used)
 
+    def release(self, deadline: float) -> None:
+        """Before the judge allocates new copies on the GPU: the process lets go of the copies
+        the judge has forgotten, and the judge frees them (until both sides have let go, CUDA
+        IPC keeps memory allocated, and a trial's copies would pile up on the last ones)."""
+        if self.device.type != "cuda" or not self.side.dropped:
+            return
+        reply, fds = self.request({"op": "forget", "numbers": self.side.take_dropped()}, [],
+                                  deadline)
+        close_unused(fds, set())
+        if reply.get("type") == "error":
+            raise classify(reply.get("error", {}))
+        torch.cuda.ipc_collect()
+
     def kernel_report(self, deadline: float) -> dict[str, Any]:
         """What the compiler made of the candidate's Triton kernels, read in its process."""
         reply, fds = self.request({"op": "report"}, [], deadline)

@@ -92,9 +92,10 @@ def time_both(verdict: Verdict, models: Models, pristine: list[object], device: 
     """Candidate, then reference, on the same input sets (each on copies of its own)."""
     try:
         plain_sets = rotation_sets(pristine, device, config.rotation_budget_bytes)
-        candidate_sets = [shared_copies(models, s) for s in plain_sets]
         # On clones: a reference may change its inputs in place, the sets must stay as drawn.
+        # Before the candidate's copies, so that a clone is gone before they are made.
         references = [models.reference(*clone_inputs(s)) for s in plain_sets]
+        candidate_sets = [shared_copies(models, s, deadline) for s in plain_sets]
     except Rejected:
         raise
     except Exception as err:

@@ -89,6 +89,9 @@ class Runner:
             return self.build(message, fds), []
         if op == "call":
             return self.call(message, fds)
+        if op == "forget":
+            self.forget(message.get("numbers", []))
+            return {"type": "forgotten"}, []
         if op == "report":
             from core.evaluate.kernel_report import triton_report
 
@@ -99,6 +102,14 @@ class Runner:
             return {"type": "stats", "peak_memory_bytes": peak,
                     "launchers": self.missing_launchers}, []
         raise ValueError(f"unknown request {op!r}")
+
+    def forget(self, numbers: list[int]) -> None:
+        """Let go of the judge's buffers `numbers`, and free the outputs this process sent that
+        the judge has let go of: memory shared over CUDA IPC waits, allocated, until its
+        sender collects it (torch frees it unasked only when an allocation fails)."""
+        self.side.forget(numbers)
+        if self.device.type == "cuda":
+            torch.cuda.ipc_collect()
 
     def build(self, message: dict[str, Any], fds: list[int]) -> dict[str, Any]:
         self.candidate_path = Path(message["path"])
@@ -113,7 +124,7 @@ class Runner:
 
     def call(self, message: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[int]]:
         assert self.model is not None, "call before build"
-        self.side.forget(message.get("forget", []))
+        self.forget(message.get("forget", []))
         inputs = [decode(record, lambda r: self._input(r, fds)) for record in message["inputs"]]
         guard = Guard()
         guard.prepare(self.allocations)

@@ -71,8 +71,10 @@ def judge_failure(err: BaseException, doing: str) -> Rejected:
                     healthy=False)
 
 
-def shared_copies(models: Models, pristine: list[object]) -> list[object]:
-    """The candidate's guarded copies of a trial's inputs, in memory its process can map."""
+def shared_copies(models: Models, pristine: list[object], deadline: float) -> list[object]:
+    """The candidate's guarded copies of a trial's inputs, in memory its process can map; the
+    copies it no longer needs are freed first."""
+    models.candidate.release(deadline)
     return [models.candidate.side.shared_copy(t, f"input {i}") if isinstance(t, torch.Tensor)
             else t for i, t in enumerate(pristine)]
 
@@ -125,7 +127,7 @@ def run_trial(models: Models, label: str, pristine: list[object], device: torch.
     after. `keep`: the trial holds on to the candidate's copies."""
     copies = refill(reuse, pristine) if reuse is not None else None
     if copies is None:
-        copies = shared_copies(models, pristine)
+        copies = shared_copies(models, pristine, deadline)
     result = checked_call(models, label, copies, deadline, anchors)
     mutated = changed_inputs(pristine, tensors_of(copies))
     if mutated:
