@@ -6,7 +6,7 @@ draws the inputs (from a seed drawn for this evaluation), runs the reference, co
 and makes the verdict. Order of work: build `ModelNew` there and `Model` here after the same
 seed; for every seed and the captured inputs run the candidate first (poisoned, guarded
 allocations, fresh input copies) and the reference second, and compare; the third trial hands
-the candidate the first trial's input buffers holding new values, to catch results cached by
+the candidate the second trial's input buffers holding new values, to catch results cached by
 pointer; time candidate (by the same path as the checks, each timed call's output checked) and
 reference; reject a time under the byte floor; re-verify a speedup above the threshold; check once
 more on unseen inputs after timing.
@@ -209,16 +209,18 @@ class Judge:
         if problem.captured_inputs is not None:
             labels.append(("captured", None))
         trials: list[Trial] = []
-        # One trial calls the candidate on the first trial's input buffers, holding new
+        # One trial calls the candidate on the previous trial's input buffers, holding new
         # values: a result cached by pointer comes back wrong. The third, so that the second,
-        # on fresh buffers, tells a result cached by shape from one cached by pointer.
+        # on fresh buffers, tells a result cached by shape from one cached by pointer. The
+        # previous trial's: its copies are refilled in place, so no trial's copies are held
+        # beside another's (`core.evaluate.trial`).
         reuse_at = min(2, len(labels) - 1)
         with torch.no_grad():
             for label, seed in labels:
-                reused = trials[0] if len(trials) == reuse_at else None
+                reused = trials[-1] if trials and len(trials) == reuse_at else None
                 trial = self.checked_trial(models, label, seed, device, config, anchors,
                                            deadline, previous=trials, reused=reused,
-                                           keep=not trials)
+                                           keep=len(trials) == reuse_at - 1)
                 if reused is not None:
                     reused.copies = None
                 if not trials:
@@ -233,7 +235,8 @@ class Judge:
                 trials.append(trial)
                 verdict.trials_checked.append(label)
                 record_errors(verdict, trial.comparison)
-        trials[0].copies = None
+        for trial in trials:
+            trial.copies = None
         verdict.correct = True
         report = with_cuda_sources(
             KernelReport.from_dict(models.candidate.kernel_report(deadline)), source)

@@ -6,8 +6,9 @@ and hands them to the candidate's process (`core.evaluate.candidate`), which han
 outputs; the judge checks from outside the copies' bands and values, runs the reference on the
 trial's own inputs and compares. A trial holds its inputs, the candidate's copies of them and
 both outputs, and no more: outputs are compared a piece at a time, and what a later trial needs
-of this one is the output's fingerprint. The first trial's copies wait for the third trial, which
-reuses them; so the judge's peak is three times the inputs and twice the outputs.
+of this one is the output's fingerprint. The second trial's copies are refilled for the third,
+and any other trial's are freed before the next trial allocates its own; so the judge's peak
+is twice the inputs and once the outputs, beside the reference's own temporaries.
 """
 
 from __future__ import annotations
