@@ -22,20 +22,22 @@ PROBLEM = DATA / "pointwise_problem.py"
 ESCAPES = sorted(p.stem for p in DATA.glob("escape_*.py"))
 
 
-@pytest.fixture(scope="module")
-def worker(tmp_path_factory):
+@pytest.fixture(scope="module", params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def worker(request, tmp_path_factory):
+    """A worker on the CPU (Triton's interpreter), and on a GPU, where the candidate's process
+    starts CUDA before its walls go up."""
     with pytest.MonkeyPatch.context() as env:
         # Secrets of the optimizer's environment, which no judging process may inherit.
         env.setenv("OPENAI_API_KEY", "sk-not-for-candidates")
         env.setenv("KILN_TEST_SECRET_TOKEN", "token-not-for-candidates")
         env.setenv("AWS_SECRET_ACCESS_KEY", "aws-not-for-candidates")
-        started = Worker("cpu", 120)
+        started = Worker(request.param, 120)
     yield started
     started.close()
 
 
 def judge(worker: Worker, source: str, **settings: object) -> Verdict:
-    config = EvalConfig(device="cpu", time=False, **settings)
+    config = EvalConfig(device=worker.device, time=False, **settings)
     request = Request(str(PROBLEM), source, config.to_dict(), "triton", [])
     return worker.evaluate(request, config.compile_timeout_s, config.run_timeout_s)
 
