@@ -48,6 +48,9 @@ def classify(report: dict[str, Any]) -> Rejected:
     """The rejection for an exception the candidate raised, from its process's report."""
     names, text = set(report.get("names", [])), str(report.get("text", ""))
     detail, log = str(report.get("detail", text)), str(report.get("log", text))
+    if "InputsNotReceived" in names:  # `runner.InputsNotReceived`: judged again, once
+        return Rejected(Reason.JUDGE_ERROR, f"the evaluator could not hand the inputs to the "
+                                            f"candidate's process: {text}", healthy=False)
     if names & set(COMPILE_ERRORS) or "SyntaxError" in names:
         first = log.splitlines()[0] if log.strip() else text
         return Rejected(Reason.COMPILE_ERROR, f"does not compile: {first}", compiled=False,

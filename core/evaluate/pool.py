@@ -104,6 +104,20 @@ class WorkerPool:
         return Worker(self.config.device, self.config.startup_timeout_s, self.worker_env(slot))
 
     def run_on(self, slot: int, request: Request) -> Verdict:
+        """The verdict of `request` on the slot's worker. The evaluator's own failure (a worker
+        that failed in Kiln's code, inputs a candidate's process could not map) is judged again
+        once, on a fresh worker, before it stands as the candidate's verdict."""
+        try:
+            verdict = self.run_once(slot, request)
+        except WorkerError:
+            self.retire(slot)
+            return self.run_once(slot, request)
+        if verdict.reason_code is not Reason.JUDGE_ERROR:
+            return verdict
+        self.retire(slot)
+        return self.run_once(slot, request)
+
+    def run_once(self, slot: int, request: Request) -> Verdict:
         phases: dict[str, float] = {}
         began = time.monotonic()
         worker = self.workers[slot]

@@ -51,6 +51,11 @@ def error_report(err: BaseException, candidate_path: Path) -> dict[str, Any]:
             "log": log[-8000:]}
 
 
+class InputsNotReceived(RuntimeError):
+    """The judge's input copies could not be mapped in the candidate's process (a CUDA IPC
+    mapping the driver refused, say): no fault of the candidate's."""
+
+
 class Runner:
     def __init__(self, sock: socket.socket, device: torch.device,
                  missing_launchers: list[list[str]] | None = None) -> None:
@@ -125,7 +130,11 @@ class Runner:
     def call(self, message: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[int]]:
         assert self.model is not None, "call before build"
         self.forget(message.get("forget", []))
-        inputs = [decode(record, lambda r: self._input(r, fds)) for record in message["inputs"]]
+        try:
+            inputs = [decode(record, lambda r: self._input(r, fds))
+                      for record in message["inputs"]]
+        except Exception as err:  # before any of the candidate's code: the evaluator's failure
+            raise InputsNotReceived(f"{type(err).__name__}: {err}") from err
         guard = Guard()
         guard.prepare(self.allocations)
         self.flush()

@@ -1,0 +1,80 @@
+"""The evaluator's own failures are judged again, once, on a fresh worker, before one stands as a
+candidate's verdict; inputs its process could not map are the evaluator's failure, not the
+candidate's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from core.evaluate import EvalConfig, Evaluator
+from core.evaluate.candidate import classify
+from core.evaluate.verdict import Reason
+
+DATA = Path(__file__).parent / "data" / "evaluate"
+
+# Its inputs fail to draw the first time the judge draws them (a file marks that it did);
+# sizing the problem on the meta device does not count.
+FLAKY_PROBLEM = """
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+FAILED_ONCE = Path({mark!r})
+
+
+class Model(nn.Module):
+    def forward(self, x, y):
+        return x * y + x
+
+
+def get_inputs():
+    if torch.get_default_device().type != "meta" and not FAILED_ONCE.exists():
+        FAILED_ONCE.write_text("failed")
+        raise RuntimeError("the machine hiccuped")
+    return [torch.randn(1037), torch.randn(1037)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def flaky_problem(folder: Path, name: str = "flaky") -> tuple[Path, Path]:
+    mark = folder / f"{name}.failed"
+    path = folder / f"{name}.py"
+    path.write_text(FLAKY_PROBLEM.format(mark=str(mark)))
+    return path, mark
+
+
+def test_a_failure_of_the_evaluators_own_is_judged_again_on_a_fresh_worker(tmp_path):
+    problem, mark = flaky_problem(tmp_path)
+    with Evaluator(EvalConfig(device="cpu", time=False), workers=1) as evaluator:
+        verdict = evaluator.evaluate(problem, (DATA / "good_pointwise.py").read_text())
+        replacements = evaluator.pool.replacements
+    assert mark.exists(), "the first judging never drew the inputs"
+    assert verdict.correct, verdict.reason
+    assert replacements == 1
+
+
+def test_a_failure_that_happens_twice_stands(tmp_path):
+    problem, mark = flaky_problem(tmp_path)
+    source = (DATA / "good_pointwise.py").read_text()
+    with Evaluator(EvalConfig(device="cpu", time=False), workers=1) as evaluator:
+        problem.write_text(problem.read_text().replace("not FAILED_ONCE.exists()", "True"))
+        verdict = evaluator.evaluate(problem, source)
+    assert verdict.reason_code is Reason.JUDGE_ERROR, verdict.reason
+    assert "the machine hiccuped" in verdict.reason
+
+
+def test_inputs_the_candidates_process_could_not_map_are_the_evaluators_failure():
+    text = ("InputsNotReceived: AcceleratorError: CUDA error: mapping of buffer object failed")
+    rejection = classify({"names": ["InputsNotReceived", "RuntimeError", "Exception"],
+                          "text": text, "detail": text})
+    assert rejection.code is Reason.JUDGE_ERROR, rejection.reason
+    assert not rejection.healthy
+    assert "could not hand the inputs" in rejection.reason
+    # The same error raised by the candidate's own forward is its CUDA error.
+    own = classify({"names": ["AcceleratorError", "RuntimeError", "Exception"],
+                    "text": "AcceleratorError: CUDA error: mapping of buffer object failed"})
+    assert own.code is Reason.CUDA_ERROR
