@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from core.profile.in_situ import ProfileConfig, _by_owner, _gaps
+from core.profile.in_situ import ProfileConfig, _by_owner, _gaps, mark_cost
 from core.profile.pipeline import ListSitesConfig, list_sites
 from core.runtime.capture import Mark, Recorder
 
@@ -56,3 +56,11 @@ def test_each_gap_loses_one_marks_cost_and_goes_to_its_owner():
     assert [who for who, _ in gaps] == ["outside", "site", "kept", "outside"]
     parts = _by_owner(gaps, mark_ms=0.2)
     assert parts == pytest.approx({"outside": 0.3 + 0.2, "site": 1.8, "kept": 0.0})
+
+
+def test_a_marks_cost_is_the_marked_forwards_excess_shared_by_its_gaps():
+    forwards = [[("outside", 0.1), ("site", 0.5), ("kept", 0.2), ("outside", 0.2)]] * 3
+    assert mark_cost(1.0, 0.6, forwards) == pytest.approx(0.1)
+    # Noise that makes the marked forward the faster costs the marks nothing, not less.
+    assert mark_cost(0.5, 0.6, forwards) == 0.0
+    assert mark_cost(1.0, 0.6, []) == 0.0

@@ -14,8 +14,11 @@ enqueue the whole forward first, so times are the GPU's own, not inflated by lau
 marks themselves still cost time inside every gap (on a GPU the event recorded between two
 kernels, on the CPU the call that reads the clock), which made the parts of small models
 add up to a fifth or a third more than the program (bench/NOTES.md, profiler accounting on
-small models). That cost is measured in every trial, on a run of tiny ops marked after each
-against the same run marked at its ends only, and taken out of every gap. The
+small models). That cost is measured on the program itself: the marked forward less the
+unmarked one (the same trials, in turns), over the gaps a forward has, is what one mark adds
+to the gap it closes, and it is taken out of every gap. (Measured instead between tiny ops,
+a mark cost less than between a real program's kernels: bench/NOTES.md, list-sites of
+2026-12-05, 17:00-17:33 UTC.) The
 eager latency with launches (the sleep left out) is reported beside the times: a model whose
 eager latency is far above its device time is bound by Python and launches, which kernels
 alone do not fix. What no site owns (views, ops kept with PyTorch, Python between graphs) is
@@ -41,10 +44,6 @@ from core.timing.device_lock import device_lock_path, exclusive_device
 from core.timing.timer import QueueAhead, TimingStats, synchronize, time_once
 
 _OUTSIDE = -1  # the graph index of the marks around a whole forward
-_PROBE = -2  # the graph index of the marks that measure what a mark costs
-# Tiny ops in the run that measures a mark: enough for a median per mark that the noise of
-# one op does not move, few enough to cost a fraction of a forward.
-PROBE_OPS = 16
 
 
 @dataclass(frozen=True)
@@ -180,25 +179,9 @@ def profile_model(loaded: LoadedModel, capture: Capture, table: SiteTable,
         forwards.append(_gaps(marks, lambda g, k: owners.get((g, k))))
         return _elapsed_ms(marks[0], marks[-1])
 
-    tiny = torch.zeros(1, device=device)
-
-    def tiny_ops(marked_each: bool) -> None:
-        for k in range(PROBE_OPS):
-            tiny.add_(1)
-            if marked_each:
-                recorder.mark(_PROBE, k)
-
-    def mark_cost() -> float:
-        """What a mark adds between two ops: tiny ops marked after each, less the same ops
-        marked at their ends only, per mark."""
-        each, ends = (_elapsed_ms(marks[0], marks[-1])
-                      for marks in (marked_run(lambda: tiny_ops(True)),
-                                    marked_run(lambda: tiny_ops(False))))
-        return (each - ends) / PROBE_OPS
-
     measures: dict[str, Callable[[], float]] = {
         "latency": lambda: time_once(eager, device), "eager": lambda: queued(eager),
-        "captured": lambda: queued(captured), "marked": marked, "mark": mark_cost}
+        "captured": lambda: queued(captured), "marked": marked}
     names = list(measures)
     samples: dict[str, list[float]] = {name: [] for name in names}
     forwards: list[list[Gap]] = []
@@ -216,7 +199,8 @@ def profile_model(loaded: LoadedModel, capture: Capture, table: SiteTable,
     recorder.marks.clear()
     forwards = forwards[config.warmup:]
 
-    mark_ms = max(0.0, statistics.median(samples["mark"]))
+    mark_ms = mark_cost(statistics.median(samples["marked"]),
+                        statistics.median(samples["captured"]), forwards)
     parts = _typical([_by_owner(gaps, mark_ms) for gaps in forwards])
     site_ms = {site.key: parts.get(site.key, 0.0) for site in table.sites}
     for site in table.sites:
@@ -226,6 +210,13 @@ def profile_model(loaded: LoadedModel, capture: Capture, table: SiteTable,
     return Profile(device_label(device), stats["eager"], stats["latency"], stats["captured"],
                    statistics.median(samples["marked"]), mark_ms, parts.get("kept", 0.0),
                    parts.get("outside", 0.0), site_ms)
+
+
+def mark_cost(marked_ms: float, captured_ms: float, forwards: list[list[Gap]]) -> float:
+    """What one mark adds to the gap it closes, in this program: the marked forward's excess
+    over the unmarked one, shared by its gaps (each closed by one mark); never negative."""
+    gaps = statistics.median(len(gaps) for gaps in forwards) if forwards else 0
+    return max(0.0, (marked_ms - captured_ms) / gaps) if gaps else 0.0
 
 
 def _enqueue_ms(forward: Callable[[], object], device: torch.device) -> float:
