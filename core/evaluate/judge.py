@@ -211,16 +211,17 @@ class Judge:
         trials: list[Trial] = []
         # One trial calls the candidate on the previous trial's input buffers, holding new
         # values: a result cached by pointer comes back wrong. The third, so that the second,
-        # on fresh buffers, tells a result cached by shape from one cached by pointer. The
-        # previous trial's: its copies are refilled in place, so no trial's copies are held
-        # beside another's (`core.evaluate.trial`).
+        # on fresh buffers, tells a result cached by shape from one cached by pointer: the
+        # first's copies live through the second's call, so its buffers are other memory
+        # (`core.evaluate.trial` says what each trial holds).
         reuse_at = min(2, len(labels) - 1)
         with torch.no_grad():
             for label, seed in labels:
                 reused = trials[-1] if trials and len(trials) == reuse_at else None
+                retire = trials[0] if len(trials) == 1 and reused is None else None
                 trial = self.checked_trial(models, label, seed, device, config, anchors,
                                            deadline, previous=trials, reused=reused,
-                                           keep=len(trials) == reuse_at - 1)
+                                           keep=len(trials) < reuse_at, retire=retire)
                 if reused is not None:
                     reused.copies = None
                 if not trials:
@@ -292,11 +293,13 @@ class Judge:
     def checked_trial(self, models: Models, label: str, seed: int | None, device: torch.device,
                       config: EvalConfig, anchors: set[str], deadline: float,
                       previous: list[Trial], reused: Trial | None = None,
-                      keep: bool = False) -> Trial:
-        """One trial; `keep`: its input copies stay with it, for a later trial to reuse."""
+                      keep: bool = False, retire: Trial | None = None) -> Trial:
+        """One trial; `keep`: its input copies stay with it, for a later trial to reuse;
+        `retire`: an earlier trial whose copies are let go of after this one's call."""
         pristine = self.pristine(seed, device)
         trial = run_trial(models, label, pristine, device, anchors, config, deadline,
-                          None if reused is None else reused.copies, keep=keep)
+                          None if reused is None else reused.copies, keep=keep,
+                          retire=retire)
         mismatch = trial.comparison.mismatch
         if mismatch:
             if reused is not None and trial.fingerprint == reused.fingerprint:

@@ -6,9 +6,11 @@ and hands them to the candidate's process (`core.evaluate.candidate`), which han
 outputs; the judge checks from outside the copies' bands and values, runs the reference on the
 trial's own inputs and compares. A trial holds its inputs, the candidate's copies of them and
 both outputs, and no more: outputs are compared a piece at a time, and what a later trial needs
-of this one is the output's fingerprint. The second trial's copies are refilled for the third,
-and any other trial's are freed before the next trial allocates its own; so the judge's peak
-is twice the inputs and once the outputs, beside the reference's own temporaries.
+of this one is the output's fingerprint. The first trial's copies live through the second's
+call, so that the second's fresh copies are other memory, and are freed before its reference
+runs; the second's are refilled for the third; any other trial's are freed before the next
+trial allocates its own. So the judge's peak is three times the inputs during the second
+call, and otherwise twice the inputs and once the outputs beside the reference's temporaries.
 """
 
 from __future__ import annotations
@@ -122,10 +124,13 @@ def checked_call(models: Models, label: str, copies: list[object], deadline: flo
 
 def run_trial(models: Models, label: str, pristine: list[object], device: torch.device,
               anchors: set[str], config: EvalConfig, deadline: float,
-              reuse: list[object] | None = None, keep: bool = False) -> Trial:
+              reuse: list[object] | None = None, keep: bool = False,
+              retire: Trial | None = None) -> Trial:
     """Candidate first, on poisoned guarded copies of `pristine` (or on the copies of `reuse`
     refilled with its values); then the reference on `pristine` itself, which nothing reads
-    after. `keep`: the trial holds on to the candidate's copies."""
+    after. `keep`: the trial holds on to the candidate's copies. `retire`: an earlier trial's
+    copies, alive through this trial's call (so that its fresh copies are other memory than
+    those) and let go of before the reference runs."""
     copies = refill(reuse, pristine) if reuse is not None else None
     if copies is None:
         copies = shared_copies(models, pristine, deadline)
@@ -133,6 +138,12 @@ def run_trial(models: Models, label: str, pristine: list[object], device: torch.
     mutated = changed_inputs(pristine, tensors_of(copies))
     if mutated:
         raise Rejected(mutated.code, f"{label}: {mutated.message}")
+    if retire is not None and retire.copies is not None:
+        for copy in retire.copies:
+            if isinstance(copy, SharedInput):
+                models.candidate.side.forget(copy)
+        retire.copies = None  # the judge's last hold on them, before the process lets go
+        models.candidate.release(deadline)
     digest = fingerprint(result.outputs)
     reference_out = models.reference(*pristine)
     synchronize(device)
