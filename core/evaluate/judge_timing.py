@@ -29,8 +29,14 @@ from core.evaluate.exact_reference import (
     exact_answer,
     no_room_for_exact,
 )
-from core.evaluate.exchange import SharedInput
-from core.evaluate.trial import Models, checked_call, judge_failure, shared_copies, tensors_of
+from core.evaluate.trial import (
+    Models,
+    checked_call,
+    forget_copies,
+    judge_failure,
+    shared_copies,
+    tensors_of,
+)
 from core.evaluate.verdict import Reason, Verdict
 from core.timing.device_lock import DeviceLock
 from core.timing.model_timing import clone_inputs, rotation_sets, time_model
@@ -106,9 +112,7 @@ def time_both(verdict: Verdict, models: Models, pristine: list[object], device: 
         baseline = time_model(models.reference, plain_sets, device, config.warmup_after_checks,
                               config.trial_count, config.warmup_time_ms, queue_ahead=True)
     for copies in candidate_sets:
-        for copy in copies:
-            if isinstance(copy, SharedInput):
-                models.candidate.side.forget(copy)
+        forget_copies(models, copies)
     record_timing(verdict, candidate, baseline)
 
 

@@ -109,11 +109,10 @@ class WorkerPool:
         once, on a fresh worker, before it stands as the candidate's verdict."""
         try:
             verdict = self.run_once(slot, request)
+            if verdict.reason_code is not Reason.JUDGE_ERROR:
+                return verdict
         except WorkerError:
-            self.retire(slot)
-            return self.run_once(slot, request)
-        if verdict.reason_code is not Reason.JUDGE_ERROR:
-            return verdict
+            pass
         self.retire(slot)
         return self.run_once(slot, request)
 

@@ -82,6 +82,13 @@ def shared_copies(models: Models, pristine: list[object], deadline: float) -> li
             else t for i, t in enumerate(pristine)]
 
 
+def forget_copies(models: Models, copies: list[object]) -> None:
+    """The candidate's process may let go of these copies (told with the next request)."""
+    for copy in copies:
+        if isinstance(copy, SharedInput):
+            models.candidate.side.forget(copy)
+
+
 def refill(copies: list[object], pristine: list[object]) -> list[object] | None:
     """`copies` holding the values of `pristine`, when every tensor has the same layout."""
     pairs = list(zip(copies, pristine, strict=True))
@@ -139,9 +146,7 @@ def run_trial(models: Models, label: str, pristine: list[object], device: torch.
     if mutated:
         raise Rejected(mutated.code, f"{label}: {mutated.message}")
     if retire is not None and retire.copies is not None:
-        for copy in retire.copies:
-            if isinstance(copy, SharedInput):
-                models.candidate.side.forget(copy)
+        forget_copies(models, retire.copies)
         retire.copies = None  # the judge's last hold on them, before the process lets go
         models.candidate.release(deadline)
     digest = fingerprint(result.outputs)
@@ -157,9 +162,7 @@ def run_trial(models: Models, label: str, pristine: list[object], device: torch.
         comparison = second_opinion(models, pristine, result.outputs, reference_out,
                                     comparison)
     if not keep:
-        for copy in copies:
-            if isinstance(copy, SharedInput):
-                models.candidate.side.forget(copy)
+        forget_copies(models, copies)
     return Trial(label, comparison, digest, floor_ms, impossible_ms, copies if keep else None)
 
 

@@ -215,7 +215,7 @@ def profile_model(loaded: LoadedModel, capture: Capture, table: SiteTable,
 def mark_cost(marked_ms: float, captured_ms: float, forwards: list[list[Gap]]) -> float:
     """What one mark adds to the gap it closes, in this program: the marked forward's excess
     over the unmarked one, shared by its gaps (each closed by one mark); never negative."""
-    gaps = statistics.median(len(gaps) for gaps in forwards) if forwards else 0
+    gaps = statistics.median(len(forward) for forward in forwards) if forwards else 0
     return max(0.0, (marked_ms - captured_ms) / gaps) if gaps else 0.0
 
 
