@@ -110,6 +110,46 @@ def test_fresh_allocations_are_poisoned_and_unwritten_elements_found(dtype):
     assert "3 of 10 elements were never written" in mismatch.message
 
 
+ALLOCATIONS = {
+    "aten.empty": lambda x: torch.empty(3, 5, dtype=torch.float16),
+    "aten.empty channels_last": lambda x: torch.empty(2, 3, 4, 5,
+                                                      memory_format=torch.channels_last),
+    "aten.empty_strided": lambda x: torch.empty_strided((4, 6), (1, 4), dtype=torch.int32),
+    "aten.empty_like": lambda x: torch.empty_like(x.t()),
+    "aten.new_empty": lambda x: x.new_empty((7,), dtype=torch.bfloat16),
+    "aten.new_empty_strided": lambda x: x.new_empty_strided((3, 2), (1, 3)),
+}
+
+
+@pytest.mark.parametrize("case", ALLOCATIONS)
+def test_each_allocation_is_made_once_as_its_op_lays_it_out(case):
+    x = torch.randn(4, 6)
+    expected = ALLOCATIONS[case](x)
+    made: list[tuple[str, int]] = []
+
+    class Allocations(torch.utils._python_dispatch.TorchDispatchMode):
+        """Sees each tensor made under the guard, and its bytes."""
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            result = func(*args, **(kwargs or {}))
+            if isinstance(result, torch.Tensor) and result.device.type != "meta":
+                made.append((str(func.overloadpacket), result.untyped_storage().nbytes()))
+            return result
+
+    with Allocations(), Guard() as guard:
+        out = ALLOCATIONS[case](x)
+    name = case.split()[0]
+    assert (out.shape, out.stride(), out.dtype, out.device) == (
+        expected.shape, expected.stride(), expected.dtype, expected.device), case
+    # The guard's own buffers are made as empty tensors set onto their memory; the op's own
+    # allocation would be a tensor of exactly its bytes.
+    nbytes = expected.untyped_storage().nbytes()
+    assert (name, nbytes) not in made, f"{case}: the op allocated beside the guard's buffer"
+    assert guard.ops[name] == 1 and len(guard.buffers) == 1, (dict(guard.ops), guard.buffers)
+    assert poison_mask(out).all(), case
+    assert guard.out_of_bounds() == []
+
+
 def test_writes_past_an_allocation_hit_its_guard_band():
     with Guard() as guard:
         out = torch.empty(16)

@@ -182,3 +182,39 @@ def test_the_ledger_shares_a_gpu_between_processes_and_forgets_dead_ones(tmp_pat
             assert sorted(ledger.entries().values()) == [80, 500]
     finally:
         ledger.path.unlink(missing_ok=True)
+
+
+def test_a_runs_own_steps_and_candidates_take_turns_in_the_ledger(tmp_path):
+    gpu = f"test-{tmp_path.name}"
+    ledger, other = DeviceLedger(gpu, 100, poll_s=0.01), DeviceLedger(gpu, 100, poll_s=0.01)
+    order: list[str] = []
+
+    def later(kind: str, needed: int) -> threading.Thread:
+        def take() -> None:
+            with other.hold(kind, needed):
+                order.append(kind)
+
+        thread = threading.Thread(target=take)
+        thread.start()
+        return thread
+
+    try:
+        # Another run profiles (a step of 70): a candidate of 60 waits for it, and the other
+        # way round.
+        with ledger.hold("step", 70):
+            waiting = later("candidate", 60)
+            time.sleep(0.3)
+            assert order == []
+            order.append("step")
+        waiting.join(timeout=30)
+        with ledger.hold("candidate", 70):
+            waiting = later("step", 60)
+            time.sleep(0.3)
+            order.append("candidate")
+        waiting.join(timeout=30)
+        assert order == ["step", "candidate", "candidate", "step"]
+        # A step larger than the GPU goes when no candidate or step is held, beside processes.
+        with ledger.hold("process", 50), other.hold("step", 500):
+            assert sorted(ledger.entries().values()) == [50, 500]
+    finally:
+        ledger.path.unlink(missing_ok=True)

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from core.evaluate import EvalConfig, Evaluator
 from core.evaluate.candidate import classify
+from core.evaluate.exchange import HandOverFailed, handing_over
 from core.evaluate.verdict import Reason
 
 DATA = Path(__file__).parent / "data" / "evaluate"
@@ -67,14 +70,31 @@ def test_a_failure_that_happens_twice_stands(tmp_path):
     assert "the machine hiccuped" in verdict.reason
 
 
-def test_inputs_the_candidates_process_could_not_map_are_the_evaluators_failure():
-    text = ("InputsNotReceived: AcceleratorError: CUDA error: mapping of buffer object failed")
-    rejection = classify({"names": ["InputsNotReceived", "RuntimeError", "Exception"],
+def test_tensors_that_could_not_cross_are_the_evaluators_failure():
+    text = ("HandOverFailed: receiving the inputs: AcceleratorError: CUDA error: mapping of "
+            "buffer object failed")
+    rejection = classify({"names": ["HandOverFailed", "RuntimeError", "Exception"],
                           "text": text, "detail": text})
     assert rejection.code is Reason.JUDGE_ERROR, rejection.reason
     assert not rejection.healthy
-    assert "could not hand the inputs" in rejection.reason
+    assert "could not move tensors" in rejection.reason
     # The same error raised by the candidate's own forward is its CUDA error.
     own = classify({"names": ["AcceleratorError", "RuntimeError", "Exception"],
                     "text": "AcceleratorError: CUDA error: mapping of buffer object failed"})
     assert own.code is Reason.CUDA_ERROR
+
+
+def test_only_an_ipc_refusal_in_a_hand_over_is_the_evaluators():
+    with pytest.raises(HandOverFailed, match="sending the outputs: RuntimeError: CUDA error: "
+                                             "mapping of buffer object failed"), \
+            handing_over("sending the outputs"):
+        raise RuntimeError("CUDA error: mapping of buffer object failed")
+    # Another error there (the candidate's kernel broke the context, say) stays what it was.
+    with pytest.raises(RuntimeError, match="illegal memory access") as raised, \
+            handing_over("sending the outputs"):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    assert not isinstance(raised.value, HandOverFailed)
+    # Where no candidate code runs, any error is.
+    with pytest.raises(HandOverFailed, match="receiving the inputs: KeyError"), \
+            handing_over("receiving the inputs", every_error=True):
+        raise KeyError("shape")

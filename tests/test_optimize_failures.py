@@ -64,6 +64,37 @@ def test_out_of_memory_in_the_end_to_end_check_keeps_the_run(tmp_path):
         assert len(reader.candidates(run_id=1)) == 2
 
 
+OUT_OF_MEMORY_IN_PROFILING = """
+import torch
+import core.profile.pipeline
+
+def out_of_memory(*args, **kwargs):
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 6.00 GiB")
+
+core.profile.pipeline.capture = out_of_memory
+from core.optimize.cli import main
+from core.runtime.errors import exit_on_input_error
+
+exit_on_input_error(lambda: main(sys.argv[1:]))
+"""
+
+
+def test_out_of_memory_while_profiling_is_one_message(tmp_path):
+    db = tmp_path / "kiln.db"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-c", "import sys\n" + OUT_OF_MEMORY_IN_PROFILING,
+         "tests.models:make_mlp", "--device", "cpu", "--db", str(db),
+         "--out", str(tmp_path / "out")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.splitlines()[-1] == (
+        "kiln: tests.models:make_mlp did not fit in the GPU's free memory while it was profiled "
+        "(OutOfMemoryError: CUDA out of memory. Tried to allocate 6.00 GiB); nothing was "
+        "stored; free the GPU (other runs, say), then run again")
+
+
 def test_a_baseline_that_fails_fails_the_run_with_its_report(tmp_path, monkeypatch):
     def broken(problem: Path, config: object, compile: bool = True) -> None:
         raise torch.OutOfMemoryError("CUDA out of memory while compiling the site")

@@ -100,3 +100,24 @@ def test_a_reduction_with_two_results_is_a_site_returning_tensors(tmp_path):
     signatures = sorted(site.problem.signature.split(" | ")[0] for site in table.sites)
     assert signatures == ["max → getitem", "relu → min → getitem → getitem → mul"], signatures
     assert not table.unwritable
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool])
+def test_an_inputs_moments_are_taken_in_chunks_as_of_the_whole(monkeypatch, dtype):
+    from core.runtime import site_problem
+
+    values = (torch.randn(1000, 37, generator=torch.Generator().manual_seed(3)) * 5 + 2)
+    value = values.to(dtype) if dtype is not torch.bool else values > 2
+    whole = value.double().reshape(-1)
+    monkeypatch.setattr(site_problem, "MOMENT_CHUNK", 999)  # 38 chunks, the last a short one
+    spec = site_problem.InputSpec.of(value)
+    expected = (whole.mean().item(), whole.std().item(), whole.min().item(), whole.max().item())
+    got = (spec.mean, spec.std, spec.low, spec.high)
+    assert got == pytest.approx(expected, rel=1e-12, abs=1e-12), (dtype, got, expected)
+
+
+def test_an_input_with_nan_has_finite_moments():
+    from core.runtime.site_problem import InputSpec
+
+    spec = InputSpec.of(torch.tensor([1.0, float("nan"), 3.0]))
+    assert (spec.mean, spec.std, spec.low, spec.high) == (0.0, 0.0, 0.0, 0.0)

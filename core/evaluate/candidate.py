@@ -20,7 +20,13 @@ from typing import Any
 
 import torch
 
-from core.evaluate.exchange import JudgeSide, close_unused, decode, load_output
+from core.evaluate.exchange import (
+    HandOverFailed,
+    JudgeSide,
+    close_unused,
+    decode,
+    load_output,
+)
 from core.evaluate.sandbox import Limits
 from core.evaluate.transport import TransportError, receive, send
 from core.evaluate.verdict import Reason
@@ -48,9 +54,10 @@ def classify(report: dict[str, Any]) -> Rejected:
     """The rejection for an exception the candidate raised, from its process's report."""
     names, text = set(report.get("names", [])), str(report.get("text", ""))
     detail, log = str(report.get("detail", text)), str(report.get("log", text))
-    if "InputsNotReceived" in names:  # `runner.InputsNotReceived`: judged again, once
-        return Rejected(Reason.JUDGE_ERROR, f"the evaluator could not hand the inputs to the "
-                                            f"candidate's process: {text}", healthy=False)
+    if "HandOverFailed" in names:  # `runner.HandOverFailed`: judged again, once
+        return Rejected(Reason.JUDGE_ERROR, f"the evaluator could not move tensors between the "
+                                            f"judge and the candidate's process: {text}",
+                        healthy=False)
     if names & set(COMPILE_ERRORS) or "SyntaxError" in names:
         first = log.splitlines()[0] if log.strip() else text
         return Rejected(Reason.COMPILE_ERROR, f"does not compile: {first}", compiled=False,
@@ -121,6 +128,8 @@ class CandidateProcess:
                               [str(x) for x in reply["compute_ops"]],
                               [str(x) for x in reply["library_ops"]],
                               {str(k): int(v) for k, v in reply["ops"].items()})
+        except HandOverFailed as err:  # judged again, once, as the candidate's own report says
+            raise classify({"names": ["HandOverFailed"], "text": str(err)}) from err
         except (TransportError, KeyError, TypeError, ValueError) as err:
             raise Rejected(Reason.RUNTIME_ERROR, f"its process answered out of protocol: "
                                                  f"{err}") from err

@@ -9,7 +9,8 @@ that a buffer handed in again is the same memory at the same address.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,29 @@ class Opaque:
     """A value a candidate returned that does not cross: a tensor subclass, an object."""
 
     description: str
+
+
+
+class HandOverFailed(RuntimeError):
+    """Tensors could not cross between the judge and the candidate's process (a CUDA IPC
+    mapping the driver refused, say): no fault of the candidate's."""
+
+
+# The driver's refusal of an IPC mapping (cudaErrorMapBufferObjectFailed): seen under load,
+# gone on a fresh process (bench/NOTES.md, "2026-12-05, 21:27-21:36 UTC").
+IPC_REFUSALS = ("mapping of buffer object failed", "cudaErrorMapBufferObjectFailed")
+
+
+@contextmanager
+def handing_over(what: str, every_error: bool = False) -> Iterator[None]:
+    """The evaluator's own step of moving tensors: an IPC refusal in it (any error at all,
+    with `every_error`: no candidate code runs in it) is a `HandOverFailed`."""
+    try:
+        yield
+    except Exception as err:
+        if every_error or any(marker in str(err) for marker in IPC_REFUSALS):
+            raise HandOverFailed(f"{what}: {type(err).__name__}: {err}") from err
+        raise
 
 
 def encode(value: object, export: Callable[[torch.Tensor], dict[str, Any]]) -> dict[str, Any]:
@@ -167,7 +191,8 @@ def load_output(fds: list[int], used: set[int], device: torch.device
         if record.get("empty"):
             return empty_tensor(record, device)
         if "cuda" in record:
-            return import_cuda(record["cuda"])
+            with handing_over("receiving the outputs"):
+                return import_cuda(record["cuda"])
         index, size = record.get("fd"), record.get("size")
         if not isinstance(index, int) or not 0 <= index < len(fds) or index in used:
             raise TransportError("a tensor names no file descriptor of its message")

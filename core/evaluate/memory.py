@@ -9,7 +9,9 @@ twice over:
   also holds what each run's own process keeps on the GPU (its model, for one) and each
   worker's CUDA context, so that runs side by side never ask for more than the GPU has.
 It waits while either is too full. A problem larger than the whole budget is judged when nothing
-else is reserved: fewer candidates at once, not a failure.
+else is reserved: fewer candidates at once, not a failure. A run's own steps on the GPU
+(profiling, the sites' baselines, the end-to-end check) wait in the same ledger
+(`device_step`), so that runs side by side take turns there too.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from core.evaluate.config import EvalConfig
 from core.evaluate.correctness import flatten
 from core.evaluate.sandbox import Limits
 from core.runtime.problem_loader import load_problem
-from core.timing.device_lock import lock_folder
+from core.timing.device_lock import lock_folder, physical_gpu
 
 # What judging needs, in multiples of the problem's input and output bytes.
 JUDGE_FACTOR = 3
@@ -170,10 +172,10 @@ class DeviceLedger:
 
     @contextlib.contextmanager
     def hold(self, kind: str, needed: int) -> Iterator[None]:
-        """Hold `needed` bytes. A "candidate" first waits until they fit beside every other
-        holding, or until no other candidate is held anywhere (then it goes however large);
-        a "process" holding (what a process keeps on the GPU whatever it does) is taken at
-        once."""
+        """Hold `needed` bytes. A "candidate" (or a run's own "step") first waits until they
+        fit beside every other holding, or until no other candidate or step is held anywhere
+        (then it goes however large); a "process" holding (what a process keeps on the GPU
+        whatever it does) is taken at once."""
         with self.guard:
             self.counter += 1
             key = f"{os.getpid()}:{kind}:{self.counter}"
@@ -181,8 +183,8 @@ class DeviceLedger:
             with self._locked() as handle:
                 entries = self._read(handle)
                 fits = sum(entries.values()) + needed <= self.capacity
-                alone = not any(":candidate:" in k for k in entries)
-                if kind != "candidate" or fits or alone:
+                alone = all(":process:" in k for k in entries)
+                if kind == "process" or fits or alone:
                     entries[key] = needed
                     self._write(handle, entries)
                     break
@@ -194,3 +196,34 @@ class DeviceLedger:
                 entries = self._read(handle)
                 entries.pop(key, None)
                 self._write(handle, entries)
+
+
+def model_bytes(spec: str) -> int:
+    """The input and output bytes of a model given as a problem file (shapes only, on the meta
+    device); 0 for another spec or a file whose shapes cannot be found that way."""
+    path = Path(spec)
+    if path.suffix != ".py" or not path.is_file():
+        return 0
+    try:
+        size = problem_bytes(path)
+    except Exception:  # not a problem file meta tensors can run: no estimate, nothing lost
+        return 0
+    return size.inputs + size.outputs
+
+
+@contextlib.contextmanager
+def device_step(device: torch.device | str, needed: int) -> Iterator[None]:
+    """One of a run's own steps on the GPU (profiling, timing a site's baselines, the
+    end-to-end check), held in the machine's ledger as a candidate is: it waits until `needed`
+    bytes fit beside what other runs hold, and gives its process's cached blocks back after,
+    so that what it used is free for them."""
+    if not str(device).startswith("cuda") or not torch.cuda.is_available():
+        yield  # nothing to share out (a device that is not a GPU is refused by the step itself)
+        return
+    gpu = torch.cuda.current_device()
+    _, total = torch.cuda.mem_get_info(gpu)
+    with DeviceLedger(physical_gpu(gpu), total).hold("step", needed):
+        try:
+            yield
+        finally:
+            torch.cuda.empty_cache()

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from core.evaluate.exchange import CandidateSide, decode, encode
+from core.evaluate.exchange import CandidateSide, decode, encode, handing_over
 from core.evaluate.guard import Allocation, Guard
 from core.evaluate.transport import close_all, receive, send
 from core.runtime.problem_loader import import_file, seed_device
@@ -49,11 +49,6 @@ def error_report(err: BaseException, candidate_path: Path) -> dict[str, Any]:
             "text": f"{type(err).__name__}: {err}"[:4000],
             "detail": "\n".join([*lines, f"{type(err).__name__}: {err}"])[-4000:],
             "log": log[-8000:]}
-
-
-class InputsNotReceived(RuntimeError):
-    """The judge's input copies could not be mapped in the candidate's process (a CUDA IPC
-    mapping the driver refused, say): no fault of the candidate's."""
 
 
 class Runner:
@@ -112,9 +107,10 @@ class Runner:
         """Let go of the judge's buffers `numbers`, and free the outputs this process sent that
         the judge has let go of: memory shared over CUDA IPC waits, allocated, until its
         sender collects it (torch frees it unasked only when an allocation fails)."""
-        self.side.forget(numbers)
-        if self.device.type == "cuda":
-            torch.cuda.ipc_collect()
+        with handing_over("letting go of shared tensors"):
+            self.side.forget(numbers)
+            if self.device.type == "cuda":
+                torch.cuda.ipc_collect()
 
     def build(self, message: dict[str, Any], fds: list[int]) -> dict[str, Any]:
         self.candidate_path = Path(message["path"])
@@ -130,11 +126,9 @@ class Runner:
     def call(self, message: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[int]]:
         assert self.model is not None, "call before build"
         self.forget(message.get("forget", []))
-        try:
+        with handing_over("receiving the inputs", every_error=True):
             inputs = [decode(record, lambda r: self._input(r, fds))
                       for record in message["inputs"]]
-        except Exception as err:  # before any of the candidate's code: the evaluator's failure
-            raise InputsNotReceived(f"{type(err).__name__}: {err}") from err
         guard = Guard()
         guard.prepare(self.allocations)
         self.flush()
@@ -146,8 +140,9 @@ class Runner:
         self.allocations = guard.allocations
         self.side.keep += [returned, guard]  # the outputs' memory, alive until the reply is sent
         out_fds: list[int] = []
-        outputs = encode(returned[0], lambda t: self.side.export_output(t, out_fds,
-                                                                        guard.buffers))
+        with handing_over("sending the outputs"):
+            outputs = encode(returned[0], lambda t: self.side.export_output(t, out_fds,
+                                                                            guard.buffers))
         return {"type": "result", "outputs": outputs, "ms": milliseconds,
                 "launches": guard.launches, "ops": dict(guard.ops),
                 "launch_ops": dict(guard.launch_ops), "out_of_bounds": guard.out_of_bounds(),

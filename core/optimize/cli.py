@@ -27,7 +27,7 @@ from core.profile.load import DTYPES
 from core.profile.pipeline import ListSitesConfig, list_sites
 from core.profile.progress import Progress
 from core.profile.site_table import print_site_table
-from core.runtime.errors import KilnInputError
+from core.runtime.errors import KilnInputError, error_line
 from generators.llm.config import LlmConfig
 from store import open_reader
 
@@ -286,6 +286,13 @@ def main(argv: list[str] | None = None) -> int:
               else f"kiln: run {run_id} interrupted; resume it with: python -m core.optimize "
               f"--resume {run_id} --db {args.db}", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except torch.OutOfMemoryError as err:
+        if run is not None and run.run_id is not None:
+            raise  # a started run keeps its failure in its report (`OptimizeRun.execute`)
+        print(f"kiln: {args.model} did not fit in the GPU's free memory while it was profiled "
+              f"({error_line(err)}); nothing was stored; free the GPU (other runs, say), then "
+              "run again", file=sys.stderr)
+        return 1
     write_markdown_report(report, Path(report["report_md"]))
     progress.step(f"report written to {report['report_md']}")
     if args.json:

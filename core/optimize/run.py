@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from core.evaluate import EvalConfig, Evaluator, Verdict
+from core.evaluate.memory import JUDGE_FACTOR, device_step, model_bytes, problem_bytes
 from core.evaluate.site_baseline import time_site
 from core.optimize.config import OptimizeConfig, minutes_spent, run_settings
 from core.optimize.e2e import EndToEnd, EndToEndCheck
@@ -172,7 +173,9 @@ class OptimizeRun:
             self.spent_minutes = minutes_spent(self.store.run(resume))
             state = self.store.resume_run(resume)
         self.progress.step("profiling")
-        profiled = profile_sites(config.profile)
+        whole = JUDGE_FACTOR * model_bytes(config.profile.model)
+        with device_step(config.profile.device, whole):
+            profiled = profile_sites(config.profile)
         report = profiled.report
         if state is None:
             run_id = self.store.start_run(
@@ -215,7 +218,8 @@ class OptimizeRun:
             self.stop.check()
             if config.e2e:
                 doing = "checking the model end to end"
-                e2e = self._end_to_end(profiled, runs, total).to_dict()
+                with device_step(config.profile.device, whole):
+                    e2e = self._end_to_end(profiled, runs, total).to_dict()
         except KeyboardInterrupt:
             self.store.heartbeat(run_id)  # the last moment it ran, for the resumed budget
             raise
@@ -256,7 +260,9 @@ class OptimizeRun:
                 continue
             self.progress.step(f"{run.site.key}: timing PyTorch eager"
                                + (" and torch.compile" if compiled else ""))
-            baseline = time_site(run.site.folder / "problem.py", eval_config, compiled)
+            problem = run.site.folder / "problem.py"
+            with device_step(eval_config.device, problem_bytes(problem).needed):
+                baseline = time_site(problem, eval_config, compiled)
             self.store.set_site_baselines(run.site_id, eager_ms=baseline.eager_ms,
                                           compile_ms=baseline.compile_ms)
             run.note_baseline(baseline.eager_ms, baseline.compile_ms)

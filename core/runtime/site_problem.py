@@ -72,18 +72,40 @@ class InputSpec:
     @staticmethod
     def of(value: torch.Tensor) -> InputSpec:
         flat = value.detach().reshape(-1)
-        if flat.numel() == 0:
-            mean = std = low = high = 0.0
-        else:
-            data = flat.double()
-            mean, low, high = data.mean().item(), data.min().item(), data.max().item()
-            std = data.std().item() if flat.numel() > 1 else 0.0
+        mean, std, low, high = _moments(flat) if flat.numel() else (0.0, 0.0, 0.0, 0.0)
         return InputSpec(tuple(value.shape), tuple(value.stride()), value.dtype,
                          _finite(mean), _finite(std), _finite(low), _finite(high))
 
     def short(self) -> str:
         dtype = _DTYPE_SHORT.get(self.dtype, str(self.dtype).removeprefix("torch."))
         return f"{dtype}[{','.join(map(str, self.shape))}]"
+
+
+# Values per chunk when an input's moments are taken: a chunk's fp64 copy is 128 MiB, so that a
+# multi-GB input costs no full-size temporary on its device.
+MOMENT_CHUNK = 1 << 24
+
+
+def _moments(flat: torch.Tensor) -> tuple[float, float, float, float]:
+    """Mean, standard deviation, min and max of a non-empty 1-D tensor, in fp64, chunk by chunk
+    (the chunks' moments combined as Chan et al. combine partial variances)."""
+    count, mean, square_sum = 0, 0.0, 0.0
+    lows, highs = [], []
+    for chunk in flat.split(MOMENT_CHUNK):
+        data = chunk.double()
+        n = data.numel()
+        chunk_mean = data.mean().item()
+        chunk_squares = (data - chunk_mean).square().sum().item()
+        delta, total = chunk_mean - mean, count + n
+        mean += delta * n / total
+        square_sum += chunk_squares + delta * delta * count * n / total
+        count = total
+        lows.append(data.min().item())
+        highs.append(data.max().item())
+    std = math.sqrt(square_sum / (count - 1)) if count > 1 else 0.0
+    # min() and max() of a list skip NaN where a tensor's do not: keep the tensor's answer.
+    low, high = torch.tensor(lows).min().item(), torch.tensor(highs).max().item()
+    return mean, std, low, high
 
 
 def _finite(x: float) -> float:
