@@ -24,6 +24,38 @@ def test_kernelbench_file_is_built_seeded():
     assert first.name == "mlp_block" and not first.model.training
 
 
+DRAWN_WHERE = """
+import torch
+import torch.nn as nn
+
+DRAWN_ON = []
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return x * 2
+
+
+def get_inputs():
+    DRAWN_ON.append(torch.empty(0).device.type)
+    return [torch.randn(8)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_kernelbench_files_inputs_are_drawn_on_the_device(tmp_path):
+    # Drawn where they are used, not by the CPU and copied: a problem's inputs can be
+    # gigabytes. The meta device stands for a GPU here.
+    path = tmp_path / "drawn_where.py"
+    path.write_text(DRAWN_WHERE)
+    loaded = load_model(str(path), torch.device("meta"))
+    assert type(loaded.model).forward.__globals__["DRAWN_ON"] == ["meta"]
+    assert loaded.inputs[0].device.type == "meta"
+
+
 def test_callable_spec_returns_model_and_inputs():
     loaded = load_model("tests.models:make_cnn", CPU)
     assert isinstance(loaded.model, models.SmallCNN)

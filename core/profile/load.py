@@ -23,6 +23,7 @@ import torch.nn as nn
 from torch.utils._pytree import tree_flatten, tree_map
 
 from core.runtime.errors import KilnInputError
+from core.runtime.problem_loader import seed_device
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -67,7 +68,11 @@ def import_file(path: Path, module_name: str) -> ModuleType:
     return module
 
 
-def _from_kernelbench_file(path: Path, seed: int) -> tuple[nn.Module, tuple]:
+def _from_kernelbench_file(path: Path, seed: int, device: torch.device
+                           ) -> tuple[nn.Module, tuple]:
+    """The file's `Model` (built on the CPU, as KernelBench builds it) and its inputs, drawn on
+    `device` as the judge draws them: a problem's inputs can be gigabytes, made where they
+    are used rather than drawn by the CPU and copied."""
     module = import_file(path, f"kiln_model_{_slug(path.stem).replace('-', '_')}")
     missing = [n for n in ("Model", "get_inputs") if not hasattr(module, n)]
     if missing:
@@ -80,8 +85,9 @@ def _from_kernelbench_file(path: Path, seed: int) -> tuple[nn.Module, tuple]:
     try:
         torch.manual_seed(seed)
         model = module.Model(*get_init())
-        torch.manual_seed(seed)
-        inputs = tuple(module.get_inputs())
+        seed_device(seed, device)
+        with torch.device(device):
+            inputs = tuple(module.get_inputs())
     except Exception as err:
         raise KilnInputError(
             f"building the model from {path} raised {type(err).__name__}: {err}",
@@ -219,7 +225,7 @@ def load_model(spec: str, device: torch.device, dtype: str | None = None, seed: 
     elif spec.startswith("hf:"):
         model, inputs = _from_huggingface(spec.split(":", 1)[1], shape)
     elif spec.endswith(".py") or Path(spec).exists():
-        model, inputs = _from_kernelbench_file(Path(spec), seed)
+        model, inputs = _from_kernelbench_file(Path(spec), seed, device)
     elif re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", spec):
         model, inputs = _from_callable(spec, seed)
     else:
