@@ -135,11 +135,12 @@ def measure(problem: Path, args: argparse.Namespace, extra: list[str],
                       for c in reader.candidates(site_id=s.id)]
         verdicts = [c.verdict for c in candidates if c.verdict]
         row.judged = len(verdicts)
-        # From the first proposal to the last verdict: a batch's candidates are proposed
-        # together, so their proposal stamps alone would time nothing.
+        # From the start of the first judging to the last verdict: a candidate is stored once
+        # judged, so its stamps alone leave out the first batch (two candidates judged side by
+        # side would time nothing).
         judging = reader.judging(run_id)
         if judging:
-            began = min(_time(j.proposed_at) for j in judging)
+            began = min(_time(j.judged_at) - (j.eval_seconds or 0.0) for j in judging)
             window = max(_time(j.judged_at) for j in judging) - began
             row.per_minute = len(judging) / (window / 60) if window > 0 else 0.0
         row.phases = {p: statistics.median(v.get("phase_seconds", {}).get(p, 0.0)
