@@ -109,10 +109,15 @@ def time_both(verdict: Verdict, models: Models, pristine: list[object], device: 
     with lock.exclusive():
         candidate = time_candidate(models, candidate_sets, plain_sets, references, config,
                                    anchors, deadline)
+        # The candidate's copies, and the outputs its timed calls were checked against, are
+        # freed before the reference is timed (its own outputs come on top of its inputs).
+        for copies in candidate_sets:
+            forget_copies(models, copies)
+        candidate_sets = []
+        references.clear()
+        models.candidate.release(deadline)
         baseline = time_model(models.reference, plain_sets, device, config.warmup_after_checks,
                               config.trial_count, config.warmup_time_ms, queue_ahead=True)
-    for copies in candidate_sets:
-        forget_copies(models, copies)
     record_timing(verdict, candidate, baseline)
 
 
