@@ -4,7 +4,7 @@ copies, the reference's timing) and of the candidate's process (its build, each 
 guard's buffers, the inputs it maps and the outputs it hands back).
 
     python bench/judge_steps_bench.py [--device cpu|cuda] [--rounds 2] [--uncapped-rotation]
-                                      [--model PATH [--drafts 2]]
+                                      [--model PATH [--drafts 2]] [--memory-trace]
 
 Judges the honest candidates of tests/data/evaluate `--rounds` times, one after another (the
 first round pays the first-time costs), and prints per candidate its wall time, its verdict's
@@ -13,6 +13,8 @@ stderr as it ends. `--model` judges instead the rules generator's first `--draft
 the largest site of that model (a KernelBench file, at its own sizes): where the time of a
 candidate goes at real sizes. `--uncapped-rotation` times with as many input sets as cover the
 L2 twice (what the timing did before `model_timing.MAX_ROTATION_SETS`), to compare.
+`--memory-trace` (CUDA) prints, as the judge's steps end, the device memory the judge holds
+and its peak so far: where a verdict's peak memory is reached.
 """
 
 from __future__ import annotations
@@ -63,6 +65,10 @@ CANDIDATE_STEPS = [(runner.Runner, "build"), (runner.Runner, "call"), (runner, "
 # Seconds and calls per step, in whichever process runs it (the candidate's inherits the
 # wrappers through the zygote's fork and keeps its own totals).
 TOTALS: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
+# The judge's steps whose end prints the device memory held and the peak so far (`--memory-trace`),
+# in the judge's process only (the candidates' processes inherit the wrappers).
+TRACED: set[str] = set()
+JUDGE_PID = os.getpid()
 
 
 def _label(owner: Any, name: str) -> str:
@@ -80,8 +86,17 @@ def time_step(owner: Any, name: str) -> None:
         finally:
             TOTALS[label][0] += time.perf_counter() - began
             TOTALS[label][1] += 1
+            if label in TRACED and os.getpid() == JUDGE_PID:
+                print(f"      {label}: {_held_mb()}", flush=True)
 
     setattr(owner, name, timed)
+
+
+def _held_mb() -> str:
+    import torch
+
+    return (f"holds {torch.cuda.memory_allocated() / 2**20:.0f} MiB, "
+            f"peak {torch.cuda.max_memory_allocated() / 2**20:.0f} MiB")
 
 
 def report(totals: dict[str, list[float]], labels: set[str], indent: str) -> str:
@@ -141,7 +156,11 @@ def main() -> None:
                         help="rotate through as many input sets as cover the L2 twice")
     parser.add_argument("--model", type=Path, help="judge drafts for this model's largest site")
     parser.add_argument("--drafts", type=int, default=2)
+    parser.add_argument("--memory-trace", action="store_true",
+                        help="print the judge's device memory as each of its steps ends (CUDA)")
     args = parser.parse_args()
+    if args.memory_trace and args.device == "cuda":
+        TRACED.update(_label(o, n) for o, n in JUDGE_STEPS)
     if args.uncapped_rotation:
         model_timing.MAX_ROTATION_SETS = 1 << 30
     for owner, name in dict.fromkeys(JUDGE_STEPS + CANDIDATE_STEPS):
