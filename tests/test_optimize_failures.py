@@ -21,30 +21,31 @@ from core.profile.progress import Progress
 from store import open_reader
 from tests.test_list_sites_cli import ROOT
 
-OUT_OF_MEMORY_IN_E2E = """
-import torch
-import core.optimize.e2e
 
-def out_of_memory(*args, **kwargs):
-    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-
-core.optimize.e2e.time_model = out_of_memory
-from core.optimize.cli import main
-from core.runtime.errors import exit_on_input_error
-
-exit_on_input_error(lambda: main(sys.argv[1:]))
-"""
+def optimize_out_of_memory_in(function: str, tmp_path: Path, *arguments: str
+                              ) -> subprocess.CompletedProcess:
+    """`python -m core.optimize` on the small MLP, with `function` (a module's attribute, named
+    `module.attribute`) raising CUDA's out-of-memory error as a GPU would."""
+    module, _, attribute = function.rpartition(".")
+    script = (f"import sys, torch, {module}\n"
+              "def out_of_memory(*args, **kwargs):\n"
+              "    raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB')\n"
+              f"{module}.{attribute} = out_of_memory\n"
+              "from core.optimize.cli import main\n"
+              "from core.runtime.errors import exit_on_input_error\n"
+              "exit_on_input_error(lambda: main(sys.argv[1:]))\n")
+    return subprocess.run(
+        [sys.executable, "-c", script, "tests.models:make_mlp", "--device", "cpu", "--db",
+         str(tmp_path / "kiln.db"), "--out", str(tmp_path / "out"), *arguments],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+        timeout=300)
 
 
 def test_out_of_memory_in_the_end_to_end_check_keeps_the_run(tmp_path):
     db = tmp_path / "kiln.db"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    result = subprocess.run(
-        [sys.executable, "-c", "import sys\n" + OUT_OF_MEMORY_IN_E2E, "tests.models:make_mlp",
-         "--device", "cpu", "--json", "--db", str(db), "--max-candidates", "2", "--sites", "1",
-         "--workers", "1", "--trials", "2", "--warmup", "0", "--no-site-compile",
-         "--out", str(tmp_path / "out")],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    result = optimize_out_of_memory_in(
+        "core.optimize.e2e.time_model", tmp_path, "--json", "--max-candidates", "2", "--sites",
+        "1", "--workers", "1", "--trials", "2", "--warmup", "0", "--no-site-compile")
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr
     message = result.stderr.splitlines()[-1]
@@ -64,34 +65,13 @@ def test_out_of_memory_in_the_end_to_end_check_keeps_the_run(tmp_path):
         assert len(reader.candidates(run_id=1)) == 2
 
 
-OUT_OF_MEMORY_IN_PROFILING = """
-import torch
-import core.profile.pipeline
-
-def out_of_memory(*args, **kwargs):
-    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 6.00 GiB")
-
-core.profile.pipeline.capture = out_of_memory
-from core.optimize.cli import main
-from core.runtime.errors import exit_on_input_error
-
-exit_on_input_error(lambda: main(sys.argv[1:]))
-"""
-
-
 def test_out_of_memory_while_profiling_is_one_message(tmp_path):
-    db = tmp_path / "kiln.db"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    result = subprocess.run(
-        [sys.executable, "-c", "import sys\n" + OUT_OF_MEMORY_IN_PROFILING,
-         "tests.models:make_mlp", "--device", "cpu", "--db", str(db),
-         "--out", str(tmp_path / "out")],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    result = optimize_out_of_memory_in("core.profile.pipeline.capture", tmp_path)
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr
     assert result.stderr.splitlines()[-1] == (
         "kiln: tests.models:make_mlp did not fit in the GPU's free memory while it was profiled "
-        "(OutOfMemoryError: CUDA out of memory. Tried to allocate 6.00 GiB); nothing was "
+        "(OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB); nothing was "
         "stored; free the GPU (other runs, say), then run again")
 
 
