@@ -236,6 +236,8 @@ def _meta_template(func: Any, args: tuple, kwargs: dict[str, Any]
     named = kwargs.get("device")
     device = torch.device(named) if named is not None else (
         source.device if source is not None else torch.device("cpu"))
+    if device.type == "cuda" and device.index is None:  # as a tensor made there would name it
+        device = torch.device("cuda", torch.cuda.current_device())
     meta_args = tuple(torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="meta")
                       if isinstance(a, torch.Tensor) else a for a in args)
     meta_kwargs = {**kwargs, "device": torch.device("meta")}
