@@ -26,8 +26,10 @@ from core.evaluate.config import EvalConfig
 from core.evaluate.correctness import compare_outputs, dtype_tolerances
 from core.evaluate.exact_reference import FULL_PRECISION, as_close_as_pytorch, exact_answer
 from core.evaluate.verdict import Reason
+from core.optimize.kernel_diff import describe, kernel_times
 from core.profile.in_situ import steady_threads
 from core.profile.progress import Progress
+from core.runtime.errors import error_line
 from core.runtime.guarded import SiteKernel
 from core.runtime.install import InstalledModel, install
 from core.runtime.tracing import set_tracing_rules
@@ -294,10 +296,20 @@ class EndToEndCheck:
                 kept.append(gain)
                 installed, model_ms, spread_ms = with_it, comparison.with_ms, comparison.spread_ms
             else:
-                removed[gain.kernel.key] = comparison.why_not()
+                without = baseline if installed is None else installed
+                removed[gain.kernel.key] = (f"{comparison.why_not()}; "
+                                            f"{self._kernel_diff(with_it, without)}")
                 self.progress.step(f"end to end: {gain.kernel.key} did not make the model "
                                    "faster; taken out")
         return kept, installed, model_ms, spread_ms
+
+    def _kernel_diff(self, with_it: Callable, without: Callable) -> str:
+        """The kernels one forward runs with a kernel that lost and without it: the cause."""
+        try:
+            return describe(kernel_times(with_it, self.input_sets[0], self.device),
+                            kernel_times(without, self.input_sets[0], self.device))
+        except RuntimeError as err:  # the removal stands; the report says why no profile
+            return f"no kernel profile ({error_line(err)})"
 
     def run(self, total_ms: float, gains: list[SiteGain]) -> EndToEnd:
         with steady_threads(torch.device(self.device)):
