@@ -63,6 +63,14 @@ def check(drop_slower: bool = False) -> EndToEndCheck:
                          drop_slower=drop_slower)
 
 
+def test_inputs_as_large_as_the_l2_are_timed_on_themselves():
+    # One set covers what the rotation is for (the CPU has no L2 to cover): no copies of
+    # inputs that can be gigabytes.
+    timed = check()
+    assert len(timed.input_sets) == 1
+    assert all(a is b for a, b in zip(timed.input_sets[0], timed.inputs, strict=True))
+
+
 def test_amdahl_prediction():
     kernel = SiteKernel("k", "", "")
     assert predicted_speedup(10.0, []) == 1.0

@@ -72,7 +72,7 @@ class InputSpec:
     @staticmethod
     def of(value: torch.Tensor) -> InputSpec:
         flat = value.detach().reshape(-1)
-        mean, std, low, high = _moments(flat) if flat.numel() else (0.0, 0.0, 0.0, 0.0)
+        mean, std, low, high = moments(flat) if flat.numel() else (0.0, 0.0, 0.0, 0.0)
         return InputSpec(tuple(value.shape), tuple(value.stride()), value.dtype,
                          _finite(mean), _finite(std), _finite(low), _finite(high))
 
@@ -86,7 +86,7 @@ class InputSpec:
 MOMENT_CHUNK = 1 << 24
 
 
-def _moments(flat: torch.Tensor) -> tuple[float, float, float, float]:
+def moments(flat: torch.Tensor) -> tuple[float, float, float, float]:
     """Mean, standard deviation, min and max of a non-empty 1-D tensor, in fp64, chunk by chunk
     (the chunks' moments combined as Chan et al. combine partial variances)."""
     count, mean, square_sum = 0, 0.0, 0.0
