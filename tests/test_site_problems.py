@@ -121,3 +121,19 @@ def test_an_input_with_nan_has_finite_moments():
 
     spec = InputSpec.of(torch.tensor([1.0, float("nan"), 3.0]))
     assert (spec.mean, spec.std, spec.low, spec.high) == (0.0, 0.0, 0.0, 0.0)
+
+
+def test_a_profiled_model_lets_go_of_its_captured_values(tmp_path):
+    # Held for the whole run, a large model's captured outputs would keep their size of the GPU.
+    from core.profile.in_situ import ProfileConfig
+    from core.profile.pipeline import ListSitesConfig, profile_sites
+
+    profiled = profile_sites(ListSitesConfig(model="tests.models:make_mlp", device="cpu",
+                                             out=tmp_path, profile=ProfileConfig(0, 2),
+                                             quiet=True))
+    assert profiled.table.sites
+    for site in profiled.table.sites:
+        assert site.example_inputs == [] and site.example_outputs == [], site.key
+        # What they were for is written: the problem and the inputs it was captured with.
+        folder = tmp_path / profiled.loaded.name / "sites" / site.key
+        assert (folder / "problem.py").exists() and (folder / "inputs.pt").exists()

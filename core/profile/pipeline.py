@@ -62,6 +62,9 @@ def _profile_sites(config: ListSitesConfig, device: torch.device) -> ProfiledMod
     folder = config.out / loaded.name / "sites"
     for site in ranked(table):
         write_site_folder(site, folder, config.max_input_bytes)
+        # Written, the captured values are not read again; held, a large model's would keep
+        # its outputs' size of the GPU for the whole run.
+        site.example_inputs, site.example_outputs = [], []
     progress.step(f"site problems written under {folder}")
     dtype = config.dtype or str(next(loaded.model.parameters(), torch.empty(0)).dtype)
     report = site_report(config.model, dtype, device.type, profile, table,
