@@ -122,9 +122,10 @@ def test_a_kernel_that_slows_the_model_is_taken_out(tmp_path):
     assert result.installed == []
     assert result.removed[slow.key].startswith("the model took ")
     assert "medians of 5 rounds timed in turns" in result.removed[slow.key]
-    # Why, read from one forward's kernels with it and without: the copy it adds.
+    # Why, read from one forward's kernels with it and without: it adds a copy, at least (the
+    # costliest three of what it adds are named, and their order is the CPU's timings').
     assert "; one forward ran " in result.removed[slow.key]
-    assert "only with it: aten::clone " in result.removed[slow.key]
+    assert "; only with it: aten::" in result.removed[slow.key]
     assert result.optimized_ms < 50, "the slow kernel was still timed in the model"
     # Nothing left installed: the model is the eager baseline, and its time is eager's.
     assert result.optimized_ms == result.eager_ms
