@@ -37,7 +37,7 @@ class ModelNew(nn.Module):
 
     def forward(self, *args):
         time.sleep(0.05)
-        return self.reference(*args).clone()  # a copy the site did not make
+        return self.reference(*args)
 '''
 
 
@@ -122,10 +122,10 @@ def test_a_kernel_that_slows_the_model_is_taken_out(tmp_path):
     assert result.installed == []
     assert result.removed[slow.key].startswith("the model took ")
     assert "medians of 5 rounds timed in turns" in result.removed[slow.key]
-    # Why, read from one forward's kernels with it and without: it adds a copy, at least (the
-    # costliest three of what it adds are named, and their order is the CPU's timings').
-    assert "; one forward ran " in result.removed[slow.key]
-    assert "; only with it: aten::" in result.removed[slow.key]
+    # Why, read from one forward's kernels with it and without (which ops differ, and how
+    # they rank, is the CPU profiler's to say: `tests/test_kernel_diff.py` holds the wording).
+    assert re.search(r"; one forward ran \d+ kernels in [\d.]+ ms with it, \d+ in [\d.]+ ms "
+                     r"without", result.removed[slow.key]), result.removed[slow.key]
     assert result.optimized_ms < 50, "the slow kernel was still timed in the model"
     # Nothing left installed: the model is the eager baseline, and its time is eager's.
     assert result.optimized_ms == result.eager_ms
