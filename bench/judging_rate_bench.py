@@ -25,7 +25,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(HERE))
 
-from bench.processes import process_table  # noqa: E402
+from bench.processes import descendants, process_table  # noqa: E402
 
 DATA = HERE / "tests" / "data" / "evaluate"
 HONEST = {"good_pointwise": "pointwise_problem", "good_softmax": "softmax_problem",
@@ -37,12 +37,7 @@ TICK = os.sysconf("SC_CLK_TCK")
 def tree_cpu_seconds(root: int) -> float:
     """CPU seconds of `root` and every process below it, those it reaped included."""
     table = process_table()
-    total, todo = 0, [root]
-    while todo:
-        pid = todo.pop()
-        total += table[pid].cpu_ticks if pid in table else 0
-        todo += [p for p, stat in table.items() if stat.parent == pid]
-    return total / TICK
+    return sum(table[pid].cpu_ticks for pid in descendants(root, table) if pid in table) / TICK
 
 
 def own_cpu_seconds() -> float:

@@ -24,3 +24,13 @@ def process_table() -> dict[int, ProcessStat]:
         table[int(stat.parent.name)] = ProcessStat(int(fields[1]),
                                                    sum(int(f) for f in fields[11:15]))
     return table
+
+
+def descendants(root: int, table: dict[int, ProcessStat]) -> list[int]:
+    """`root` and every process below it in `table`, parents before their children."""
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo += [child for child, stat in table.items() if stat.parent == pid]
+    return found

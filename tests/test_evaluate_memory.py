@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.processes import process_table
+from bench.processes import descendants, process_table
 from core.evaluate import EvalConfig, Evaluator
 from core.evaluate.memory import JUDGE_FACTOR, DeviceLedger, MemoryBudget, problem_bytes
 
@@ -90,18 +90,9 @@ class TreeMemory:
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._sample, args=(period_s,), daemon=True)
 
-    def tree(self) -> list[int]:
-        parents = {pid: stat.parent for pid, stat in process_table().items()}
-        found, todo = [], [self.root]
-        while todo:
-            pid = todo.pop()
-            found.append(pid)
-            todo += [child for child, parent in parents.items() if parent == pid]
-        return found
-
     def now(self) -> int:
         total = 0
-        for pid in self.tree():
+        for pid in descendants(self.root, process_table()):
             try:
                 rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
             except OSError:  # it ended while read

@@ -50,14 +50,20 @@ class Rejected(Exception):  # noqa: N818 - control flow: a verdict found mid-way
         self.healthy, self.crashed, self.timed_out = healthy, crashed, timed_out
 
 
+def hand_over_rejection(text: str) -> Rejected:
+    """Tensors that could not cross between the judge and the candidate's process, in either
+    of them: the evaluator's failure, judged again once on a fresh worker."""
+    return Rejected(Reason.JUDGE_ERROR, f"the evaluator could not move tensors between the "
+                                        f"judge and the candidate's process: {text}",
+                    healthy=False)
+
+
 def classify(report: dict[str, Any]) -> Rejected:
     """The rejection for an exception the candidate raised, from its process's report."""
     names, text = set(report.get("names", [])), str(report.get("text", ""))
     detail, log = str(report.get("detail", text)), str(report.get("log", text))
-    if "HandOverFailed" in names:  # `runner.HandOverFailed`: judged again, once
-        return Rejected(Reason.JUDGE_ERROR, f"the evaluator could not move tensors between the "
-                                            f"judge and the candidate's process: {text}",
-                        healthy=False)
+    if "HandOverFailed" in names:  # raised in the candidate's process (`exchange.handing_over`)
+        return hand_over_rejection(text)
     if names & set(COMPILE_ERRORS) or "SyntaxError" in names:
         first = log.splitlines()[0] if log.strip() else text
         return Rejected(Reason.COMPILE_ERROR, f"does not compile: {first}", compiled=False,
@@ -128,8 +134,8 @@ class CandidateProcess:
                               [str(x) for x in reply["compute_ops"]],
                               [str(x) for x in reply["library_ops"]],
                               {str(k): int(v) for k, v in reply["ops"].items()})
-        except HandOverFailed as err:  # judged again, once, as the candidate's own report says
-            raise classify({"names": ["HandOverFailed"], "text": str(err)}) from err
+        except HandOverFailed as err:  # raised here, mapping the outputs
+            raise hand_over_rejection(f"{type(err).__name__}: {err}") from err
         except (TransportError, KeyError, TypeError, ValueError) as err:
             raise Rejected(Reason.RUNTIME_ERROR, f"its process answered out of protocol: "
                                                  f"{err}") from err

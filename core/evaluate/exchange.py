@@ -39,7 +39,6 @@ class Opaque:
     description: str
 
 
-
 class HandOverFailed(RuntimeError):
     """Tensors could not cross between the judge and the candidate's process (a CUDA IPC
     mapping the driver refused, say): no fault of the candidate's."""

@@ -145,6 +145,12 @@ class DeviceLedger:
         self.counter = 0
         self.guard = threading.Lock()
 
+    @classmethod
+    def of_gpu(cls, gpu: int) -> DeviceLedger:
+        """The ledger of this process's GPU `gpu`, as large as the GPU."""
+        _, total = torch.cuda.mem_get_info(gpu)
+        return cls(physical_gpu(gpu), total)
+
     def entries(self) -> dict[str, int]:
         """Who holds what now."""
         with self._locked() as handle:
@@ -220,9 +226,7 @@ def device_step(device: torch.device | str, needed: int) -> Iterator[None]:
     if not str(device).startswith("cuda") or not torch.cuda.is_available():
         yield  # nothing to share out (a device that is not a GPU is refused by the step itself)
         return
-    gpu = torch.cuda.current_device()
-    _, total = torch.cuda.mem_get_info(gpu)
-    with DeviceLedger(physical_gpu(gpu), total).hold("step", needed):
+    with DeviceLedger.of_gpu(torch.cuda.current_device()).hold("step", needed):
         try:
             yield
         finally:

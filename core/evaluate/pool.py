@@ -163,8 +163,7 @@ class WorkerPool:
         workers = {g: self.slot_gpu.count(g) for g in self.gpus}
         self.budget = MemoryBudget.of_free_memory(self.gpus, workers, self.config.memory_bytes)
         for gpu in self.gpus:
-            _, total = torch.cuda.mem_get_info(gpu)
-            ledger = self.ledgers[gpu] = DeviceLedger(physical_gpu(gpu), total)
+            ledger = self.ledgers[gpu] = DeviceLedger.of_gpu(gpu)
             kept = torch.cuda.memory_reserved(gpu) + (workers[gpu] + 1) * WORKER_OVERHEAD_BYTES
             self.held.enter_context(ledger.hold("process", kept))
 
