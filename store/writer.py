@@ -187,13 +187,24 @@ class Store(StoreReader):
     def set_site_baselines(self, site_id: int, *, eager_ms: float | None,
                            compile_ms: float | None) -> None:
         """The site's own times in PyTorch, eager and under torch.compile, once measured."""
-        run_id = self.db.execute("SELECT run_id FROM sites WHERE id = ?", [site_id]).fetchone()
-        if run_id is None:
-            raise ValueError(f"there is no site {site_id}")
+        run_id = self._run_of_site(site_id)
         with write_transaction(self.db):
-            self._touch(run_id[0])
+            self._touch(run_id)
             self.db.execute("UPDATE sites SET eager_ms = ?, compile_ms = ? WHERE id = ?",
                             [eager_ms, compile_ms, site_id])
+
+    def _run_of_site(self, site_id: int) -> int:
+        row = self.db.execute("SELECT run_id FROM sites WHERE id = ?", [site_id]).fetchone()
+        if row is None:
+            raise ValueError(f"there is no site {site_id}")
+        return row[0]
+
+    def set_site_declined(self, site_id: int, why: str) -> None:
+        """The site gets no kernels in this run, and why (read by the report and the app)."""
+        run_id = self._run_of_site(site_id)
+        with write_transaction(self.db):
+            self._touch(run_id)
+            self.db.execute("UPDATE sites SET declined = ? WHERE id = ?", [why, site_id])
 
     def add_candidate(
         self,

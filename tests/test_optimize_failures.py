@@ -75,19 +75,40 @@ def test_out_of_memory_while_profiling_is_one_message(tmp_path):
         "stored; free the GPU (other runs, say), then run again")
 
 
-def test_a_baseline_that_fails_fails_the_run_with_its_report(tmp_path, monkeypatch):
+def run_with_baselines_raising(error: Exception, tmp_path: Path, monkeypatch) -> tuple[
+        dict, OptimizeConfig]:
     def broken(problem: Path, config: object, compile: bool = True) -> None:
-        raise torch.OutOfMemoryError("CUDA out of memory while compiling the site")
+        raise error
 
     monkeypatch.setattr(run_module, "time_site", broken)
     profile = ListSitesConfig(model="tests.models:make_mlp", device="cpu",
                               out=tmp_path / "out", profile=ProfileConfig(0, 2), quiet=True)
     config = OptimizeConfig(profile=profile, db=tmp_path / "kiln.db", max_candidates=2,
                             sites=1, tiers=("triton",))
-    report = OptimizeRun(config, Progress(enabled=False)).execute()
+    return OptimizeRun(config, Progress(enabled=False)).execute(), config
+
+
+def test_a_site_whose_baselines_run_out_of_memory_is_left_out_with_why(tmp_path, monkeypatch):
+    report, config = run_with_baselines_raising(
+        torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB"), tmp_path,
+        monkeypatch)
+    why = ("ran out of device memory timing its PyTorch baselines: OutOfMemoryError: CUDA out "
+           "of memory. Tried to allocate 9.00 GiB")
+    assert (report["status"], report["failure"]) == ("done", "")
+    searched = report["searched"][0]
+    assert (searched["evaluations"], searched["declined"]) == (0, why)
+    assert report["e2e"]["installed"] == []
+    with open_reader(config.db) as reader:
+        assert reader.run(1).status == "done"
+        assert [s.declined for s in reader.sites(1) if s.key == searched["id"]] == [why]
+
+
+def test_a_baseline_that_fails_otherwise_fails_the_run_with_its_report(tmp_path, monkeypatch):
+    report, config = run_with_baselines_raising(
+        RuntimeError("compiling the site failed"), tmp_path, monkeypatch)
     assert report["status"] == "failed"
-    assert report["failure"] == ("while timing the sites' baselines: OutOfMemoryError: CUDA "
-                                 "out of memory while compiling the site")
+    assert report["failure"] == ("while timing the sites' baselines: RuntimeError: compiling "
+                                 "the site failed")
     assert report["e2e"] is None and report["searched"][0]["evaluations"] == 0
     with open_reader(config.db) as reader:
         assert reader.run(1).status == "failed"

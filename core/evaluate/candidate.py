@@ -31,11 +31,10 @@ from core.evaluate.sandbox import Limits
 from core.evaluate.transport import TransportError, receive, send
 from core.evaluate.verdict import Reason
 from core.evaluate.zygote import Zygote
+from core.runtime.errors import OOM_MARKERS
 from core.timing.timer import synchronize
 
 COMPILE_ERRORS = ("CompilationError", "CompileError", "CompileTimeAssertionFailure")
-OOM_MARKERS = ("out of memory", "can't allocate memory", "OutOfMemory", "MemoryError",
-               "Cannot allocate memory")
 CUDA_ERROR_MARKERS = ("CUDA error", "illegal memory access", "LaunchError", "cudaError",
                       "misaligned address", "unspecified launch failure")
 STDERR_TAIL_CHARS = 3000

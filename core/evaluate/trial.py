@@ -34,10 +34,8 @@ from core.evaluate.exact_reference import as_close_as_pytorch, exact_answer, no_
 from core.evaluate.exchange import Opaque, SharedInput
 from core.evaluate.guard import ANCHOR_OPS
 from core.evaluate.verdict import Reason
-from core.runtime.errors import error_line
+from core.runtime.errors import error_line, out_of_memory
 from core.timing.timer import synchronize
-
-OOM_MARKERS = ("out of memory", "can't allocate memory", "OutOfMemory")
 
 
 @dataclass
@@ -65,7 +63,7 @@ class Models:
 
 def judge_failure(err: BaseException, doing: str) -> Rejected:
     """The judge's own work failed (not the candidate's): out of memory drawing inputs, say."""
-    if isinstance(err, torch.OutOfMemoryError) or any(m in str(err) for m in OOM_MARKERS):
+    if out_of_memory(err):
         return Rejected(Reason.JUDGE_OUT_OF_MEMORY,
                         f"the evaluator ran out of device memory {doing}: the problem's inputs "
                         f"do not fit beside what else holds the device ({error_line(err)})",

@@ -7,7 +7,8 @@ stops; if it still holds at least `cuda_share` of the model's remaining time, th
 joins the same tree, seeded from its best Triton kernel. Every candidate and verdict is
 written to the store the moment it exists.
 
-A step that fails (a site's baseline, the search, the end-to-end check; out of memory, say)
+A site whose baselines run out of device memory is left out of the search, with why. Any other
+step that fails (a site's baseline, the search, the end-to-end check; out of memory, say)
 ends the run as failed, with what it judged kept and reported; Ctrl-C leaves it interrupted
 (`core.optimize.interrupt`). Either can be resumed, to the run's own budget: the minutes it
 already ran count.
@@ -35,7 +36,7 @@ from core.optimize.site_run import SiteRun, feedback_of, site_priority
 from core.profile.pipeline import ProfiledModel, profile_sites
 from core.profile.progress import Progress
 from core.profile.sites import Site
-from core.runtime.errors import KilnInputError, error_line
+from core.runtime.errors import KilnInputError, error_line, out_of_memory
 from core.search.best_counters import profile_best
 from core.search.tree import Node, SiteSearch
 from core.timing.precision import fp32_matmuls
@@ -176,6 +177,9 @@ class OptimizeRun:
         whole = JUDGE_FACTOR * model_bytes(config.profile.model)
         with device_step(config.profile.device, whole):
             profiled = profile_sites(config.profile)
+            # The search needs the GPU, the end-to-end check the inputs: they wait in host
+            # memory until then.
+            profiled.loaded.move_inputs("cpu")
         report = profiled.report
         if state is None:
             run_id = self.store.start_run(
@@ -249,7 +253,8 @@ class OptimizeRun:
     def _baselines(self, runs: list[SiteRun], stored: dict[int, object],
                    eval_config: EvalConfig) -> None:
         """Each site's eager and compiled times (eager only under --no-site-compile), measured
-        once (kept across a resume)."""
+        once (kept across a resume). A site whose baselines do not fit in the device's memory
+        is left out of the search, with why."""
         compiled = self.config.site_compile
         for run in runs:
             self.stop.check()
@@ -261,8 +266,17 @@ class OptimizeRun:
             self.progress.step(f"{run.site.key}: timing PyTorch eager"
                                + (" and torch.compile" if compiled else ""))
             problem = run.site.folder / "problem.py"
-            with device_step(eval_config.device, problem_bytes(problem).needed):
-                baseline = time_site(problem, eval_config, compiled)
+            try:
+                with device_step(eval_config.device, problem_bytes(problem).needed):
+                    baseline = time_site(problem, eval_config, compiled)
+            except Exception as err:
+                if not out_of_memory(err):
+                    raise
+                why = f"ran out of device memory timing its PyTorch baselines: {error_line(err)}"
+                self.progress.step(f"{run.site.key}: left out of the search, {why}")
+                self.store.set_site_declined(run.site_id, why)
+                run.search.declined, run.search.stuck = why, True
+                continue
             self.store.set_site_baselines(run.site_id, eager_ms=baseline.eager_ms,
                                           compile_ms=baseline.compile_ms)
             run.note_baseline(baseline.eager_ms, baseline.compile_ms)
@@ -272,6 +286,7 @@ class OptimizeRun:
         """The winners installed in the model, checked and timed against eager and compile."""
         torch._dynamo.reset()  # the capture's compiled graphs are not the ones to time
         loaded = profiled.loaded
+        loaded.move_inputs(loaded.device)
         allow_tf32 = self.config.profile.allow_tf32
         tf32 = allow_tf32 or any(s.family == "conv" for s in profiled.table.sites)
         check = EndToEndCheck(loaded.model, loaded.inputs, self.config.profile.device, tf32,

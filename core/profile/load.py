@@ -45,6 +45,11 @@ class LoadedModel:
     inputs: tuple
     device: torch.device
 
+    def move_inputs(self, device: torch.device | str) -> None:
+        """Move the example inputs: a run parks them in host memory while its search needs the
+        GPU, and brings them back for the end-to-end check."""
+        self.inputs = _cast(self.inputs, torch.device(device), None)
+
 
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "model"

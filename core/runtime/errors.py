@@ -35,3 +35,15 @@ def exit_on_input_error(main: Callable[[], int]) -> NoReturn:
 def error_line(err: BaseException) -> str:
     """`err` in one line for a report: its type and the first line of its message."""
     return f"{type(err).__name__}: {err}".splitlines()[0][:200]
+
+
+# How an allocator's failure reads, in PyTorch's CUDA and CPU allocators and the C library.
+OOM_MARKERS = ("out of memory", "can't allocate memory", "OutOfMemory", "MemoryError",
+               "Cannot allocate memory")
+
+
+def out_of_memory(err: BaseException) -> bool:
+    """Whether `err` is an allocation that failed, on the device or the host."""
+    names = {cls.__name__ for cls in type(err).__mro__}  # torch.OutOfMemoryError, torch unimported
+    return bool(names & {"OutOfMemoryError", "MemoryError"}) or any(
+        marker in str(err) for marker in OOM_MARKERS)
