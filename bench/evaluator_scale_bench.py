@@ -1,7 +1,8 @@
 """The evaluator at real sizes: KernelBench problems optimized a few at a time on one GPU.
 
     python -m bench.evaluator_scale_bench PROBLEM [PROBLEM ...] [--parallel 3] [--budget 3]
-                                          [--out DIR] [-- extra core.optimize arguments]
+                                          [--stop-after MIN] [--resume] [--out DIR]
+                                          [-- extra core.optimize arguments]
 
 Each problem is optimized by `python -m core.optimize` in its own process and store, `--parallel`
 of them at once (the evaluator's device memory budgets and the device lock keep them from
@@ -11,7 +12,10 @@ peak device memory of a judged candidate over its site problem's input and outpu
 peak device memory of the whole run (every process of it, sampled from nvidia-smi each half
 second) over the problem's own input and output bytes.
 The table is printed and written to `DIR/evaluator_scale.md`; each run's log and JSON report are
-kept in `DIR/<problem>/`. The same runs' end-to-end results (against eager and torch.compile,
+kept in `DIR/<problem>/`. `--stop-after` interrupts each run after so many minutes, as Ctrl-C
+would, leaving it resumable; `--resume` goes on with each problem's interrupted run in DIR, to
+its own budget (a budget longer than one sitting on a GPU is spent in several). The same runs'
+end-to-end results (against eager and torch.compile,
 as `bench.suite_bench` tables them) are written to `DIR/suite.md`, so that one pass over a set
 of problems gives both.
 """
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import statistics
 import subprocess
 import sys
@@ -36,6 +41,7 @@ from bench.processes import process_table  # noqa: E402
 from bench.suite_bench import Outcome, failed_outcome, outcome_of  # noqa: E402
 from bench.suite_bench import table as suite_table  # noqa: E402
 from core.evaluate.memory import problem_bytes  # noqa: E402
+from core.optimize.interrupt import EXIT_INTERRUPTED  # noqa: E402
 from store import PHASES, open_reader  # noqa: E402
 
 
@@ -101,26 +107,56 @@ def _time(stamp: str) -> float:
     return datetime.fromisoformat(stamp).timestamp()
 
 
+def interrupted_run(db: Path) -> int | None:
+    """The id of the store's latest run when it was interrupted, else None."""
+    if not db.exists():
+        return None
+    with open_reader(db) as reader:
+        if not reader.runs():
+            return None
+        run = reader.run(reader.latest_run_id())
+        return run.id if run.status == "interrupted" else None
+
+
+def optimize(command: list[str], stop_after: float | None, name: str,
+             roots: dict[int, str]) -> tuple[int, str, str]:
+    """Run `python -m core.optimize`, its process named in `roots` (for `RunMemory`); past
+    `stop_after` minutes, interrupt it as Ctrl-C does and wait for it to store what it is
+    judging."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    roots[process.pid] = name
+    try:
+        stdout, stderr = process.communicate(
+            timeout=None if stop_after is None else stop_after * 60)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGINT)
+        stdout, stderr = process.communicate()
+    return process.returncode, stdout, stderr
+
+
 def measure(problem: Path, args: argparse.Namespace, extra: list[str],
             memory: RunMemory) -> Row:
     out = args.out / problem.stem
     out.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "core.optimize", str(problem), "--device", "cuda",
-               "--dtype", args.dtype, "--budget", str(args.budget), "--generator", "rules",
-               "--json", "--db", str(out / "kiln.db"), "--out", str(out), *extra]
+    db = out / "kiln.db"
+    resumed = interrupted_run(db) if args.resume else None
+    command = [sys.executable, "-m", "core.optimize", "--json", "--db", str(db), "--out",
+               str(out), *(["--resume", str(resumed)] if resumed is not None else [
+                   str(problem), "--device", "cuda", "--dtype", args.dtype, "--budget",
+                   str(args.budget), "--generator", "rules"]), *extra]
     began = time.perf_counter()
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    memory.roots[process.pid] = problem.stem
-    stdout, stderr = process.communicate()
+    returncode, stdout, stderr = optimize(command, args.stop_after, problem.stem, memory.roots)
     minutes = (time.perf_counter() - began) / 60
-    (out / "optimize.log").write_text(stderr)
+    log = "optimize.log" if resumed is None else f"optimize-resume{resumed}.log"
+    (out / log).write_text(stderr)
     (out / "report.json").write_text(stdout)
-    status = "ok" if process.returncode == 0 else f"exit {process.returncode}: " + (
-        stderr.strip().splitlines() or ["no output"])[-1][:100]
+    status = ("ok" if returncode == 0 else
+              "interrupted (--resume goes on with it)" if returncode == EXIT_INTERRUPTED else
+              f"exit {returncode}: " + (stderr.strip().splitlines() or ["no output"])[-1][:100])
     row = Row(problem.stem, status, minutes=minutes)
     row.outcome = (outcome_of(problem.stem, args.dtype, json.loads(stdout), minutes)
-                   if process.returncode == 0 else
-                   failed_outcome(problem.stem, args.dtype, minutes, process.returncode, stderr))
+                   if returncode == 0 else
+                   failed_outcome(problem.stem, args.dtype, minutes, returncode, stderr))
     whole = problem_bytes(problem)
     row.problem_io_gb = (whole.inputs + whole.outputs) / 1e9
     peak = memory.peaks.get(problem.stem)
@@ -191,6 +227,11 @@ def main() -> int:
     parser.add_argument("--budget", type=float, default=3.0, help="minutes per problem")
     parser.add_argument("--dtype", default="fp32", help="the problems' dtype, as the suite's")
     parser.add_argument("--out", type=Path, default=Path("kiln-out/evaluator-scale"))
+    parser.add_argument("--stop-after", type=float, default=None, metavar="MIN",
+                        help="interrupt each run after MIN minutes, leaving it resumable")
+    parser.add_argument("--resume", action="store_true",
+                        help="go on with each problem's interrupted run in --out (the others "
+                             "start anew)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     memory = RunMemory()

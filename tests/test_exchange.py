@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from core.evaluate.exchange import CandidateSide, JudgeSide
-from core.evaluate.transport import TransportError
+from core.evaluate.transport import PAGE, TransportError
 
 
 def hand_in(judge: JudgeSide, candidate: CandidateSide, values: list[object]
@@ -36,6 +36,20 @@ def test_a_buffer_crosses_once_and_then_goes_by_number():
     assert "fd" not in again_record, f"the buffer's memory was sent again: {again_record}"
     assert torch.equal(again, torch.full((2, 3), 7.0))
     assert again.data_ptr() == first.data_ptr()
+
+
+def test_a_copy_with_a_lead_holds_its_data_a_page_further_in():
+    """A trial's copies made in memory just freed by the trial before: the data lies elsewhere
+    than the earlier copies' did, between bands as whole as ever."""
+    judge, candidate = JudgeSide(), CandidateSide(torch.device("cpu"))
+    source = torch.arange(6.0)
+    plain, led = judge.shared_copy(source, "input 0"), judge.shared_copy(source, "input 0", PAGE)
+    assert plain.buffer is not None and led.buffer is not None
+    assert led.buffer.data_start == plain.buffer.data_start + PAGE
+    assert led.buffer.backing.numel() == plain.buffer.backing.numel() + PAGE
+    assert led.buffer.changed_guard_bytes() == 0
+    (value,), _ = hand_in(judge, candidate, [led])
+    assert torch.equal(value, source)
 
 
 def test_a_forgotten_buffer_crosses_again():

@@ -137,3 +137,8 @@ def test_a_profiled_model_lets_go_of_its_captured_values(tmp_path):
         # What they were for is written: the problem and the inputs it was captured with.
         folder = tmp_path / profiled.loaded.name / "sites" / site.key
         assert (folder / "problem.py").exists() and (folder / "inputs.pt").exists()
+        # Nor does any graph keep the copy of its first call's inputs the values came from,
+        # though the profile ran every graph again after.
+        for call_site in site.call_sites:
+            graph = call_site.graph
+            assert graph.first_inputs is None and graph.invocations > 1, graph.index

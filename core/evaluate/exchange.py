@@ -124,11 +124,12 @@ class JudgeSide:
         self.dropped: list[int] = []
         self.keep: list[object] = []  # one-off copies, alive until their message is sent
 
-    def shared_copy(self, source: torch.Tensor, label: str) -> SharedInput:
+    def shared_copy(self, source: torch.Tensor, label: str, lead: int = 0) -> SharedInput:
+        """A guarded copy of `source` to hand in; `lead`: as `guard.guarded_buffer`'s."""
         if source.numel() == 0:
             return SharedInput(-1, source.clone(), None)
         self.count += 1
-        tensor, buffer = guarded_copy(source, label)
+        tensor, buffer = guarded_copy(source, label, lead)
         return SharedInput(self.count, tensor, buffer)
 
     def forget(self, shared: SharedInput) -> None:

@@ -160,16 +160,20 @@ def _pattern(band: torch.Tensor) -> torch.Tensor:
     return pattern[:band.numel()]
 
 
-def guarded_buffer(data_bytes: int, device: torch.device, label: str) -> GuardedBuffer:
-    """Fresh guarded bytes for `data_bytes` of data, the bands filled with GUARD_BYTE."""
+def guarded_buffer(data_bytes: int, device: torch.device, label: str,
+                   lead: int = 0) -> GuardedBuffer:
+    """Fresh guarded bytes for `data_bytes` of data, the bands filled with GUARD_BYTE; `lead`
+    (a multiple of the page) more bytes of band below the data, so that memory just freed and
+    handed out again holds the data at another address."""
     band = band_bytes(data_bytes, device)
     if device.type == "cpu":
-        region, start = new_region(data_bytes, band)
+        region, start = new_region(data_bytes, band, lead)
         region.bytes[:start].fill_(GUARD_BYTE)
         region.bytes[start + data_bytes:].fill_(GUARD_BYTE)
         return GuardedBuffer(region.bytes, start, data_bytes, label, region)
-    backing = torch.full((data_bytes + 2 * band,), GUARD_BYTE, dtype=torch.uint8, device=device)
-    return GuardedBuffer(backing, band, data_bytes, label)
+    backing = torch.full((data_bytes + 2 * band + lead,), GUARD_BYTE, dtype=torch.uint8,
+                         device=device)
+    return GuardedBuffer(backing, band + lead, data_bytes, label)
 
 
 def poison(tensor: torch.Tensor) -> None:
@@ -210,13 +214,15 @@ def guarded_like(template: torch.Tensor, label: str, device: torch.device | None
     return tensor, buffer
 
 
-def guarded_copy(source: torch.Tensor, label: str) -> tuple[torch.Tensor, GuardedBuffer | None]:
+def guarded_copy(source: torch.Tensor, label: str, lead: int = 0
+                 ) -> tuple[torch.Tensor, GuardedBuffer | None]:
     """A fresh copy of an input between guard bands, with the same strides and the same bytes
-    of the storage it reaches (views of a larger storage keep their offsets' gaps)."""
+    of the storage it reaches (views of a larger storage keep their offsets' gaps); `lead`:
+    as `guarded_buffer`'s."""
     if source.numel() == 0:
         return source.clone(), None
     start, span = storage_span(source)
-    buffer = guarded_buffer(span, source.device, label)
+    buffer = guarded_buffer(span, source.device, label, lead)
     buffer.backing[buffer.data_start:buffer.data_start + span].copy_(
         raw_bytes(source, start, span))
     tensor = buffer.view(source.dtype, source.shape, source.stride())

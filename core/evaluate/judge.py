@@ -211,8 +211,8 @@ class Judge:
         trials: list[Trial] = []
         # One trial calls the candidate on the previous trial's input buffers, holding new
         # values: a result cached by pointer comes back wrong. The third, so that the second,
-        # on fresh buffers, tells a result cached by shape from one cached by pointer: the
-        # first's copies live through the second's call, so its buffers are other memory
+        # on fresh buffers, tells a result cached by shape from one cached by pointer: its
+        # copies lie at other addresses than the first's, which it frees
         # (`core.evaluate.trial` says what each trial holds).
         reuse_at = min(2, len(labels) - 1)
         with torch.no_grad():
@@ -295,7 +295,7 @@ class Judge:
                       previous: list[Trial], reused: Trial | None = None,
                       keep: bool = False, retire: Trial | None = None) -> Trial:
         """One trial; `keep`: its input copies stay with it, for a later trial to reuse;
-        `retire`: an earlier trial whose copies are let go of after this one's call."""
+        `retire`: an earlier trial whose copies are let go of before this one's are made."""
         pristine = self.pristine(seed, device)
         trial = run_trial(models, label, pristine, device, anchors, config, deadline,
                           None if reused is None else reused.copies, keep=keep,

@@ -221,12 +221,14 @@ def model_bytes(spec: str) -> int:
 def device_step(device: torch.device | str, needed: int) -> Iterator[None]:
     """One of a run's own steps on the GPU (profiling, timing a site's baselines, the
     end-to-end check), held in the machine's ledger as a candidate is: it waits until `needed`
-    bytes fit beside what other runs hold, and gives its process's cached blocks back after,
-    so that what it used is free for them."""
+    bytes, and what its process holds of the GPU already, fit beside what other runs hold, and
+    gives its process's cached blocks back after, so that what it used is free for them."""
     if not str(device).startswith("cuda") or not torch.cuda.is_available():
         yield  # nothing to share out (a device that is not a GPU is refused by the step itself)
         return
-    with DeviceLedger.of_gpu(torch.cuda.current_device()).hold("step", needed):
+    gpu = torch.cuda.current_device()
+    held = torch.cuda.memory_reserved(gpu)
+    with DeviceLedger.of_gpu(gpu).hold("step", needed + held):
         try:
             yield
         finally:

@@ -142,11 +142,11 @@ def map_region(fd: int, size: int) -> Region:
     return Region(fd, size, torch.frombuffer(window, dtype=torch.uint8))
 
 
-def new_region(data_bytes: int, band: int) -> tuple[Region, int]:
-    """A fresh region holding `data_bytes` of data between two bands of at least `band` bytes
-    (a multiple of the page), the upper one exactly that, ending at the region's top; the
-    region and the data's byte offset in it."""
-    size = -(-(band + data_bytes) // PAGE) * PAGE + band
+def new_region(data_bytes: int, band: int, lead: int = 0) -> tuple[Region, int]:
+    """A fresh region holding `data_bytes` of data between two bands, the lower one at least
+    `band + lead` bytes and the upper one exactly `band` (a multiple of the page), ending at
+    the region's top; the region and the data's byte offset in it."""
+    size = -(-(band + lead + data_bytes) // PAGE) * PAGE + band
     fd = os.memfd_create("kiln-tensor", os.MFD_CLOEXEC)
     try:
         os.ftruncate(fd, size)

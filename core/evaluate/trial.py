@@ -6,11 +6,11 @@ and hands them to the candidate's process (`core.evaluate.candidate`), which han
 outputs; the judge checks from outside the copies' bands and values, runs the reference on the
 trial's own inputs and compares. A trial holds its inputs, the candidate's copies of them and
 both outputs, and no more: outputs are compared a piece at a time, and what a later trial needs
-of this one is the output's fingerprint. The first trial's copies live through the second's
-call, so that the second's fresh copies are other memory, and are freed before its reference
-runs; the second's are refilled for the third; any other trial's are freed before the next
-trial allocates its own. So the judge's peak is three times the inputs during the second
-call, and otherwise twice the inputs and once the outputs beside the reference's temporaries.
+of this one is the output's fingerprint. Each trial's copies are freed before the next trial
+allocates its own, except the second's, which are refilled for the third; the second's fresh
+copies hold their data a page further into their buffers than the first's, so that memory the
+allocator hands back holds it at other addresses. So the judge's peak is twice the inputs and
+once the outputs beside the reference's temporaries.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from core.evaluate.diagnosis import moved_bytes
 from core.evaluate.exact_reference import as_close_as_pytorch, exact_answer, no_room_for_exact
 from core.evaluate.exchange import Opaque, SharedInput
 from core.evaluate.guard import ANCHOR_OPS
+from core.evaluate.transport import PAGE
 from core.evaluate.verdict import Reason
 from core.runtime.errors import error_line, out_of_memory
 from core.timing.timer import synchronize
@@ -72,12 +73,13 @@ def judge_failure(err: BaseException, doing: str) -> Rejected:
                     healthy=False)
 
 
-def shared_copies(models: Models, pristine: list[object], deadline: float) -> list[object]:
+def shared_copies(models: Models, pristine: list[object], deadline: float,
+                  lead: int = 0) -> list[object]:
     """The candidate's guarded copies of a trial's inputs, in memory its process can map; the
-    copies it no longer needs are freed first."""
+    copies it no longer needs are freed first. `lead`: as `guard.guarded_buffer`'s."""
     models.candidate.release(deadline)
-    return [models.candidate.side.shared_copy(t, f"input {i}") if isinstance(t, torch.Tensor)
-            else t for i, t in enumerate(pristine)]
+    return [models.candidate.side.shared_copy(t, f"input {i}", lead)
+            if isinstance(t, torch.Tensor) else t for i, t in enumerate(pristine)]
 
 
 def forget_copies(models: Models, copies: list[object]) -> None:
@@ -133,20 +135,21 @@ def run_trial(models: Models, label: str, pristine: list[object], device: torch.
               retire: Trial | None = None) -> Trial:
     """Candidate first, on poisoned guarded copies of `pristine` (or on the copies of `reuse`
     refilled with its values); then the reference on `pristine` itself, which nothing reads
-    after. `keep`: the trial holds on to the candidate's copies. `retire`: an earlier trial's
-    copies, alive through this trial's call (so that its fresh copies are other memory than
-    those) and let go of before the reference runs."""
+    after. `keep`: the trial holds on to the candidate's copies. `retire`: an earlier trial
+    whose copies are let go of first; this trial's fresh copies then lie a page further into
+    their buffers, at other addresses than those even where the memory is the same."""
+    lead = 0
+    if retire is not None and retire.copies is not None:
+        forget_copies(models, retire.copies)
+        retire.copies = None  # the judge's last hold on them, before the process lets go
+        lead = PAGE
     copies = refill(reuse, pristine) if reuse is not None else None
     if copies is None:
-        copies = shared_copies(models, pristine, deadline)
+        copies = shared_copies(models, pristine, deadline, lead)
     result = checked_call(models, label, copies, deadline, anchors)
     mutated = changed_inputs(pristine, tensors_of(copies))
     if mutated:
         raise Rejected(mutated.code, f"{label}: {mutated.message}")
-    if retire is not None and retire.copies is not None:
-        forget_copies(models, retire.copies)
-        retire.copies = None  # the judge's last hold on them, before the process lets go
-        models.candidate.release(deadline)
     digest = fingerprint(result.outputs)
     reference_out = models.reference(*pristine)
     synchronize(device)

@@ -72,6 +72,9 @@ def find_sites(capture: Capture, peaks: GpuPeaks, allow_tf32: bool = False) -> S
         for region in graph.regions:
             wanted.update(region.inputs, region.outputs)
         values = record_values(graph, wanted)
+        # A copy of the graph's inputs (the model's own, for a model of one graph): held, it
+        # would keep their size of the GPU for the whole run.
+        graph.first_inputs = None
         for region in graph.regions:
             try:
                 problem = write_problem(region, values)

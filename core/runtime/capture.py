@@ -71,7 +71,8 @@ class CapturedGraph:
     segments: list[Segment]
     calls: int = 0  # invocations per forward, as counted by `Capture.count_calls`
     invocations: int = 0  # invocations so far
-    first_inputs: list | None = None  # the real inputs of its first call
+    # The real inputs of its first call, until the sites' values are recorded from them.
+    first_inputs: list | None = None
 
 
 SegmentEmitter = Callable[[fx.Graph, Segment, dict[fx.Node, fx.Node]], None]
@@ -150,7 +151,7 @@ def capture(model: nn.Module, inputs: tuple, device: torch.device) -> Capture:
 
         def run(*args: object) -> object:
             record.invocations += 1
-            if record.first_inputs is None:
+            if record.invocations == 1:
                 record.first_inputs = [_clone(a) for a in args]
             return marked(*args)
 

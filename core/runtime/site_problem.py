@@ -204,7 +204,9 @@ def _tensor(shape, stride, dtype, mean, std, low, high):
     if dtype == torch.bool:
         base = torch.rand(extent) < mean
     elif dtype.is_floating_point or dtype.is_complex:
-        base = torch.randn(extent, dtype=torch.float64).mul_(std).add_(mean)
+        # Drawn in its own dtype where randn can (no copy of twice its size), else in fp32.
+        work = dtype if dtype in (torch.float32, torch.float64) else torch.float32
+        base = torch.randn(extent, dtype=work).mul_(std).add_(mean)
         base = base.clamp_(low, high).to(dtype)
     else:
         base = torch.randint(int(low), int(high) + 1, (extent,)).to(dtype)

@@ -1,0 +1,53 @@
+"""The scale bench's sittings: a run still going after its sitting is interrupted as Ctrl-C
+would, and the bench finds a problem's interrupted run to go on with."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from bench.evaluator_scale_bench import interrupted_run, optimize
+from store.writer import Store
+from tests.test_list_sites_cli import ROOT
+
+# Stands for `python -m core.optimize`: searches until Ctrl-C, then stores and exits 130.
+SEARCHING = """
+import sys, time
+try:
+    time.sleep(120)
+except KeyboardInterrupt:
+    print("stored what it was judging")
+    sys.exit(130)
+"""
+
+START_RUN = """
+import sys
+from store.writer import Store
+with Store.open(sys.argv[1]) as store:
+    store.start_run(model_spec="m.py", model_hash="0", gpu="-", versions={}, config={})
+"""
+
+
+def test_a_run_past_its_sitting_is_interrupted_and_waited_for():
+    roots: dict[int, str] = {}
+    returncode, stdout, _ = optimize([sys.executable, "-c", SEARCHING], 0.02, "p", roots)
+    assert (returncode, stdout) == (130, "stored what it was judging\n")
+    assert list(roots.values()) == ["p"]
+
+
+def test_a_run_within_its_sitting_runs_to_its_end():
+    returncode, stdout, _ = optimize([sys.executable, "-c", "print('done')"], 1.0, "p", {})
+    assert (returncode, stdout) == (0, "done\n")
+
+
+def test_only_a_stores_interrupted_latest_run_is_gone_on_with(tmp_path):
+    db = tmp_path / "kiln.db"
+    assert interrupted_run(db) is None  # no store: the problem starts anew
+    # A run whose process ended without finishing it reads as interrupted.
+    subprocess.run([sys.executable, "-c", START_RUN, str(db)], cwd=ROOT, check=True)
+    assert interrupted_run(db) == 1
+    with Store.open(db) as store:  # a later run of the problem, done
+        later = store.start_run(model_spec="m.py", model_hash="0", gpu="-", versions={},
+                                config={})
+        store.finish_run(later, status="done")
+    assert interrupted_run(db) is None
