@@ -43,6 +43,7 @@ from bench.suite_bench import table as suite_table  # noqa: E402
 from core.evaluate.memory import problem_bytes  # noqa: E402
 from core.optimize.interrupt import EXIT_INTERRUPTED  # noqa: E402
 from store import PHASES, open_reader  # noqa: E402
+from store.records import Candidate  # noqa: E402
 
 
 @dataclass
@@ -134,6 +135,14 @@ def optimize(command: list[str], stop_after: float | None, name: str,
     return process.returncode, stdout, stderr
 
 
+def verdict_lines(candidates: list[Candidate]) -> str:
+    """Each judged candidate's verdict in a line (its id, tier, code and the reason's first
+    line), for a problem whose kernels all failed to say why."""
+    return "".join(f"{c.id} {c.summary.tier} {c.verdict.get('reason_code')}: "
+                   f"{(str(c.verdict.get('reason') or '').splitlines() or [''])[0][:300]}\n"
+                   for c in candidates if c.verdict)
+
+
 def measure(problem: Path, args: argparse.Namespace, extra: list[str],
             memory: RunMemory) -> Row:
     out = args.out / problem.stem
@@ -171,6 +180,7 @@ def measure(problem: Path, args: argparse.Namespace, extra: list[str],
                       for c in reader.candidates(site_id=s.id)]
         verdicts = [c.verdict for c in candidates if c.verdict]
         row.judged = len(verdicts)
+        (out / "verdicts.txt").write_text(verdict_lines(candidates))
         # From the start of the first judging to the last verdict: a candidate is stored once
         # judged, so its stamps alone leave out the first batch (two candidates judged side by
         # side would time nothing).

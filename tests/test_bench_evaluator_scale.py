@@ -6,8 +6,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from bench.evaluator_scale_bench import interrupted_run, optimize
+from bench.evaluator_scale_bench import interrupted_run, optimize, verdict_lines
+from store import open_reader
 from store.writer import Store
+from tests.store_fixture import fill_store
 from tests.test_list_sites_cli import ROOT
 
 # Stands for `python -m core.optimize`: searches until Ctrl-C, then stores and exits 130.
@@ -51,3 +53,17 @@ def test_only_a_stores_interrupted_latest_run_is_gone_on_with(tmp_path):
                                 config={})
         store.finish_run(later, status="done")
     assert interrupted_run(db) is None
+
+
+def test_each_verdict_is_a_line_with_its_reason(tmp_path):
+    filled = fill_store(tmp_path / "kiln.db")
+    with open_reader(filled.path) as reader:
+        candidates = [reader.candidate(c.id) for s in reader.sites(filled.run)
+                      for c in reader.candidates(site_id=s.id)]
+    lines = verdict_lines(candidates).splitlines()
+    judged = [c for c in candidates if c.verdict]
+    assert len(lines) == len(judged) and len(judged) < len(candidates)  # pending: no line
+    (mismatch,) = [line for line in lines if line.startswith(f"{filled.mismatch} ")]
+    verdict = next(c.verdict for c in judged if c.id == filled.mismatch)
+    assert mismatch == (f"{filled.mismatch} triton {verdict['reason_code']}: "
+                        f"{verdict['reason'].splitlines()[0]}")
