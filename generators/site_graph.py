@@ -16,7 +16,7 @@ import torch
 import torch.fx as fx
 
 from core.profile.load import import_file
-from core.runtime.capture import capture
+from core.runtime.capture import Capture, capture
 from core.runtime.ops import OpKind, op_info
 from core.runtime.partition import Region
 
@@ -129,6 +129,21 @@ def graph_of_region(region: Region, arguments: dict[fx.Node, int],
                      returns_tuple=isinstance(returned, tuple | list) and len(nodes) > 1)
 
 
+def _capture_on_meta(model: torch.nn.Module, module: object) -> tuple[tuple, Capture]:
+    """The problem's inputs and its captured graph, on meta tensors: the graph and the inputs'
+    layouts are all the generator reads, and a problem's inputs can be gigabytes. A site whose
+    ops need real values (a data-dependent size, say) is captured on inputs drawn on the CPU."""
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        inputs = tuple(module.get_inputs())
+    try:
+        return inputs, capture(model, inputs, torch.device("cpu"))
+    except Exception:  # noqa: BLE001 - any failure on meta tensors: the real inputs decide
+        torch.manual_seed(0)
+        inputs = tuple(module.get_inputs())
+        return inputs, capture(model, inputs, torch.device("cpu"))
+
+
 def load_site_graph(problem: Path) -> SiteGraph:
     """Capture the problem's `Model` on its inputs and return its single region."""
     module = import_file(problem, f"kiln_site_{problem.parent.name.replace('-', '_')}")
@@ -140,9 +155,7 @@ def load_site_graph(problem: Path) -> SiteGraph:
     if any(True for _ in model.parameters()):
         raise Unsupported("the problem's Model has parameters; the rules generator writes "
                           "kernels for stateless site problems")
-    torch.manual_seed(0)
-    inputs = tuple(module.get_inputs())
-    captured = capture(model, inputs, torch.device("cpu"))
+    inputs, captured = _capture_on_meta(model, module)
     if len(captured.graphs) != 1:
         raise Unsupported(f"the problem compiles to {len(captured.graphs)} graphs, not one")
     graph = captured.graphs[0]
