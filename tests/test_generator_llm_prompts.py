@@ -11,7 +11,7 @@ from core.profile.roofline import GpuPeaks
 from generators.base import Feedback, Parent, Proposal
 from generators.llm.config import LlmConfig
 from generators.llm.generator import LLMGenerator
-from generators.llm.prompt import describe_feedback, gpu_facts
+from generators.llm.prompt import describe_feedback, describe_inputs, gpu_facts
 from tests.llm_server import LlmServer, Reply, prompt_text
 
 DATA = Path(__file__).parent / "data" / "evaluate"
@@ -127,3 +127,31 @@ def test_on_a_gpu_the_facts_are_the_device_s_and_the_translation_is_accepted():
     _, result = ask(parent, tiers=("triton", "cuda"), reply=GOOD_CUDA)
     verdict = evaluate(PROBLEM, result.children[0].source, EvalConfig(device="cuda"))
     assert verdict.correct, verdict.reason
+
+
+HUGE = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x, scale):
+        return x * scale
+
+
+def get_inputs():
+    return [torch.rand(1 << 20, 1 << 20).t(), 0.5]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_the_inputs_are_described_without_being_drawn(tmp_path):
+    # Four TiB of fp32: drawn for real, it could not be described at all.
+    path = tmp_path / "problem.py"
+    path.write_text(HUGE)
+    assert describe_inputs(path).splitlines() == [
+        "- `x`: shape (1048576, 1048576), torch.float32, strides (1, 1048576)",
+        "- `scale`: 0.5"]

@@ -58,10 +58,11 @@ def gpu_facts(peaks: GpuPeaks) -> str:
 
 
 def describe_inputs(problem: Path) -> str:
-    """Each forward argument's shape, dtype and layout, from the problem's own `get_inputs()`."""
+    """Each forward argument's shape, dtype and layout, from the problem's own `get_inputs()`,
+    drawn on meta tensors (a problem's inputs can be gigabytes)."""
     module = import_file(problem, f"kiln_llm_{problem.parent.name.replace('-', '_')}")
     names = list(inspect.signature(module.Model.forward).parameters)[1:]
-    with torch.random.fork_rng():
+    with torch.random.fork_rng(), torch.device("meta"):
         torch.manual_seed(0)
         inputs = module.get_inputs()
     lines = []
