@@ -10,7 +10,8 @@ disturbing each other). Per problem the table gives whether the run ended cleanl
 judged and judged per minute of search, the median seconds a candidate spent in each phase, the
 peak device memory of a judged candidate over its site problem's input and output bytes, and the
 peak device memory of the whole run (every process of it, sampled from nvidia-smi each half
-second) over the problem's own input and output bytes.
+second) over the problem's own input and output bytes, and that of the run's own process alone
+(what it keeps outside its workers: its profile, baselines and end-to-end check).
 The table is printed and written to `DIR/evaluator_scale.md`; each run's log and JSON report are
 kept in `DIR/<problem>/`. `--stop-after` interrupts each run after so many minutes, as Ctrl-C
 would, leaving it resumable; `--resume` goes on with each problem's interrupted run in DIR, to
@@ -56,6 +57,7 @@ class Row:
     memory_ratio: float | None = None  # peak device memory over the site's io bytes, worst site
     io_gb: float = 0.0
     run_peak_gb: float | None = None  # every process of the run together, sampled
+    own_peak_gb: float | None = None  # the optimize process alone (its own steps, what it keeps)
     problem_io_gb: float = 0.0
     minutes: float = 0.0
     outcome: Outcome | None = None  # the end-to-end result, as the suite's table has it
@@ -67,6 +69,7 @@ class RunMemory:
     def __init__(self, period_s: float = 0.5) -> None:
         self.roots: dict[int, str] = {}
         self.peaks: dict[str, int] = {}
+        self.own_peaks: dict[str, int] = {}  # the run's own process, without its workers
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._sample, args=(period_s,), daemon=True)
         self.thread.start()
@@ -82,6 +85,9 @@ class RunMemory:
                     totals[name] = totals.get(name, 0) + amount
             for name, total in totals.items():
                 self.peaks[name] = max(self.peaks.get(name, 0), total)
+            for pid, name in list(self.roots.items()):
+                if pid in used:
+                    self.own_peaks[name] = max(self.own_peaks.get(name, 0), used[pid])
 
     def _run_of(self, pid: int, parents: dict[int, int]) -> str | None:
         while pid > 1:
@@ -168,8 +174,9 @@ def measure(problem: Path, args: argparse.Namespace, extra: list[str],
                    failed_outcome(problem.stem, args.dtype, minutes, returncode, stderr))
     whole = problem_bytes(problem)
     row.problem_io_gb = (whole.inputs + whole.outputs) / 1e9
-    peak = memory.peaks.get(problem.stem)
+    peak, own = memory.peaks.get(problem.stem), memory.own_peaks.get(problem.stem)
     row.run_peak_gb = None if peak is None else peak / 1e9
+    row.own_peak_gb = None if own is None else own / 1e9
     if not (out / "kiln.db").exists():
         return row
     with open_reader(out / "kiln.db") as reader:
@@ -212,15 +219,16 @@ def measure(problem: Path, args: argparse.Namespace, extra: list[str],
 
 def table(rows: list[Row]) -> str:
     header = ("| problem | status | judged | per minute | site io GB | peak / io | "
-              "problem io GB | run peak GB | "
+              "problem io GB | run peak GB | its own GB | "
               + " | ".join(f"{p} s" for p in PHASES) + " | minutes |")
     lines = [header, "|" + " --- |" * (header.count("|") - 1)]
     for r in rows:
         ratio = "-" if r.memory_ratio is None else f"{r.memory_ratio:.2f}"
         run_peak = "-" if r.run_peak_gb is None else f"{r.run_peak_gb:.1f}"
+        own_peak = "-" if r.own_peak_gb is None else f"{r.own_peak_gb:.1f}"
         phases = " | ".join(f"{r.phases.get(p, 0.0):.2f}" for p in PHASES)
         lines.append(f"| {r.name} | {r.status} | {r.judged} | {r.per_minute:.1f} | "
-                     f"{r.io_gb:.2f} | {ratio} | {r.problem_io_gb:.2f} | {run_peak} | "
+                     f"{r.io_gb:.2f} | {ratio} | {r.problem_io_gb:.2f} | {run_peak} | {own_peak} | "
                      f"{phases} | {r.minutes:.1f} |")
     return "\n".join(lines)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from bench.evaluator_scale_bench import interrupted_run, optimize, verdict_lines
+from bench.evaluator_scale_bench import Row, interrupted_run, optimize, table, verdict_lines
 from store import open_reader
 from store.writer import Store
 from tests.store_fixture import fill_store
@@ -70,3 +70,14 @@ def test_each_verdict_is_a_line_with_its_reason(tmp_path):
     verdict = next(c.verdict for c in judged if c.id == filled.mismatch)
     assert mismatch == (f"{filled.mismatch} triton {verdict['reason_code']}: "
                         f"{verdict['reason'].splitlines()[0]}")
+
+
+def test_the_table_has_a_cell_under_each_heading():
+    row = Row("p", "ok", judged=3, per_minute=1.5, io_gb=2.0, memory_ratio=2.5,
+              run_peak_gb=9.0, own_peak_gb=1.25, problem_io_gb=2.0, minutes=1.0)
+    header, rule, line = table([row, Row("q", "exit 1: x")]).splitlines()[:3]
+    cells = dict(zip(header.strip("|").split("|"), line.strip("|").split("|"), strict=True))
+    assert cells[" run peak GB "] == " 9.0 " and cells[" its own GB "] == " 1.2 "
+    assert rule.count("---") == header.count("|") - 1
+    unmeasured = table([Row("q", "exit 1: x")]).splitlines()[2].strip("|").split("|")
+    assert [c.strip() for c in unmeasured].count("-") == 3  # peak / io, run peak, its own
