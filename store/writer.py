@@ -225,10 +225,7 @@ class Store(StoreReader):
         """
         digest = source_hash(source)
         with write_transaction(self.db):
-            site = self.db.execute("SELECT run_id FROM sites WHERE id = ?", [site_id]).fetchone()
-            if site is None:
-                raise ValueError(f"there is no site {site_id}")
-            self._touch(site[0])
+            self._touch(self._run_of_site(site_id))
             if parent_id is not None:
                 parent = self.db.execute(
                     "SELECT site_id FROM candidates WHERE id = ?", [parent_id]

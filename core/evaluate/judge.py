@@ -45,6 +45,7 @@ from core.evaluate.judge_timing import (
 from core.evaluate.kernel_report import KernelReport, with_cuda_sources
 from core.evaluate.launchers import LauncherFolder
 from core.evaluate.memory import ProblemBytes, candidate_limits, problem_bytes
+from core.evaluate.transport import PAGE
 from core.evaluate.trial import Models, Trial, judge_failure, run_trial
 from core.evaluate.verdict import Reason, Verdict
 from core.evaluate.zygote import Zygote
@@ -212,16 +213,17 @@ class Judge:
         # One trial calls the candidate on the previous trial's input buffers, holding new
         # values: a result cached by pointer comes back wrong. The third, so that the second,
         # on fresh buffers, tells a result cached by shape from one cached by pointer: its
-        # copies lie at other addresses than the first's, which it frees
-        # (`core.evaluate.trial` says what each trial holds).
+        # copies lie a page further into their buffers than the first's, at other addresses
+        # even where the allocator hands back the first's memory (`core.evaluate.trial` says
+        # what each trial holds).
         reuse_at = min(2, len(labels) - 1)
         with torch.no_grad():
             for label, seed in labels:
                 reused = trials[-1] if trials and len(trials) == reuse_at else None
-                retire = trials[0] if len(trials) == 1 and reused is None else None
+                lead = PAGE if len(trials) == 1 and reused is None else 0
                 trial = self.checked_trial(models, label, seed, device, config, anchors,
                                            deadline, previous=trials, reused=reused,
-                                           keep=len(trials) < reuse_at, retire=retire)
+                                           keep=len(trials) == reuse_at - 1, lead=lead)
                 if reused is not None:
                     reused.copies = None
                 if not trials:
@@ -293,13 +295,12 @@ class Judge:
     def checked_trial(self, models: Models, label: str, seed: int | None, device: torch.device,
                       config: EvalConfig, anchors: set[str], deadline: float,
                       previous: list[Trial], reused: Trial | None = None,
-                      keep: bool = False, retire: Trial | None = None) -> Trial:
+                      keep: bool = False, lead: int = 0) -> Trial:
         """One trial; `keep`: its input copies stay with it, for a later trial to reuse;
-        `retire`: an earlier trial whose copies are let go of before this one's are made."""
+        `lead`: as `guard.guarded_buffer`'s, for its fresh copies."""
         pristine = self.pristine(seed, device)
         trial = run_trial(models, label, pristine, device, anchors, config, deadline,
-                          None if reused is None else reused.copies, keep=keep,
-                          retire=retire)
+                          None if reused is None else reused.copies, keep=keep, lead=lead)
         mismatch = trial.comparison.mismatch
         if mismatch:
             if reused is not None and trial.fingerprint == reused.fingerprint:

@@ -33,7 +33,6 @@ from core.evaluate.diagnosis import moved_bytes
 from core.evaluate.exact_reference import as_close_as_pytorch, exact_answer, no_room_for_exact
 from core.evaluate.exchange import Opaque, SharedInput
 from core.evaluate.guard import ANCHOR_OPS
-from core.evaluate.transport import PAGE
 from core.evaluate.verdict import Reason
 from core.runtime.errors import error_line, out_of_memory
 from core.timing.timer import synchronize
@@ -132,17 +131,11 @@ def checked_call(models: Models, label: str, copies: list[object], deadline: flo
 def run_trial(models: Models, label: str, pristine: list[object], device: torch.device,
               anchors: set[str], config: EvalConfig, deadline: float,
               reuse: list[object] | None = None, keep: bool = False,
-              retire: Trial | None = None) -> Trial:
+              lead: int = 0) -> Trial:
     """Candidate first, on poisoned guarded copies of `pristine` (or on the copies of `reuse`
     refilled with its values); then the reference on `pristine` itself, which nothing reads
-    after. `keep`: the trial holds on to the candidate's copies. `retire`: an earlier trial
-    whose copies are let go of first; this trial's fresh copies then lie a page further into
-    their buffers, at other addresses than those even where the memory is the same."""
-    lead = 0
-    if retire is not None and retire.copies is not None:
-        forget_copies(models, retire.copies)
-        retire.copies = None  # the judge's last hold on them, before the process lets go
-        lead = PAGE
+    after. `keep`: the trial holds on to the candidate's copies. `lead`: as
+    `guard.guarded_buffer`'s, for fresh copies."""
     copies = refill(reuse, pristine) if reuse is not None else None
     if copies is None:
         copies = shared_copies(models, pristine, deadline, lead)
