@@ -29,6 +29,8 @@ ONE_INPUT = {
     "softmax of rows": ("torch.softmax(x, dim=-1)", "torch.randn(32, 1000)"),
     "layer norm": ("torch.nn.functional.layer_norm(x, (384,))", "torch.randn(16, 384)"),
     "sum over a middle dimension": ("x.sum(dim=1)", "torch.randn(8, 100, 64)"),
+    # An int64 count over rows long enough to loop: the accumulator keeps its type.
+    "count over long rows": ("(x > 0).sum(dim=-1)", "torch.randn(4, 20000)"),
 }
 
 

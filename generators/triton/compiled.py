@@ -124,7 +124,11 @@ class KernelWriter(ValueWriter):
             self.line(f"{slot['shifted']} = {slot['shifted']} + {deviation}")
             self.line(f"{slot['squares']} = {slot['squares']} + {deviation} * {deviation}")
         else:
-            kept = self.let(f"tl.where({mask}, {value}, {NEUTRAL[kind]})")
+            # In the accumulator's own type: a loop-carried value may not change type (a
+            # count of a comparison would turn int64 into fp32 through `where`'s 0.0).
+            (total_slot,) = (s for s in acc if s.name == "total" and s.reduction == reduction.index)
+            kept = self.let(f"tl.where({mask}, {value}, {NEUTRAL[kind]})"
+                            f".to({tl_dtype(total_slot.dtype)})")
             total = slot["total"]
             if kind in _EXTREME:
                 self.line(f"{total} = {_EXTREME[kind][0]}({total}, {kept}, "
