@@ -142,11 +142,20 @@ def optimize(command: list[str], stop_after: float | None, name: str,
 
 
 def verdict_lines(candidates: list[Candidate]) -> str:
-    """Each judged candidate's verdict in a line (its id, tier, code and the reason's first
-    line), for a problem whose kernels all failed to say why."""
-    return "".join(f"{c.id} {c.summary.tier} {c.verdict.get('reason_code')}: "
-                   f"{(str(c.verdict.get('reason') or '').splitlines() or [''])[0][:300]}\n"
-                   for c in candidates if c.verdict)
+    """Each judged candidate's verdict in a line: its id, tier, code ("accepted" for an accepted
+    one, with its time), its reason, and for a judge's failure or a crash the traceback's last
+    lines, so that a problem whose kernels all failed says why."""
+    lines = []
+    for c in candidates:
+        if not c.verdict:
+            continue
+        v = c.verdict
+        code = v.get("reason_code") or "accepted"
+        reason = str(v.get("reason") or f"{v.get('latency_ms')} ms, {v.get('speedup')}x")
+        if code in ("judge_error", "crash", "judge_out_of_memory"):
+            reason += " | " + " | ".join(str(v.get("compile_log") or "").splitlines()[-4:])
+        lines.append(f"{c.id} {c.summary.tier} {code}: {' '.join(reason.split())[:1200]}\n")
+    return "".join(lines)
 
 
 def measure(problem: Path, args: argparse.Namespace, extra: list[str],

@@ -69,7 +69,9 @@ def test_each_verdict_is_a_line_with_its_reason(tmp_path):
     (mismatch,) = [line for line in lines if line.startswith(f"{filled.mismatch} ")]
     verdict = next(c.verdict for c in judged if c.id == filled.mismatch)
     assert mismatch == (f"{filled.mismatch} triton {verdict['reason_code']}: "
-                        f"{verdict['reason'].splitlines()[0]}")
+                        f"{' '.join(verdict['reason'].split())}")
+    (faster,) = [line for line in lines if line.startswith(f"{filled.faster} ")]
+    assert faster.startswith(f"{filled.faster} triton accepted: 0.5 ms"), faster
 
 
 def test_the_table_has_a_cell_under_each_heading():

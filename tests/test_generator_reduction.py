@@ -116,6 +116,16 @@ def test_a_tile_too_large_for_registers_is_declined(tmp_path):
         write_row_reduction(load_site_graph(path), RowConfig(rows=16))
 
 
+def test_rows_longer_than_registers_hold_are_left_to_the_compilers_loops(tmp_path):
+    path = tmp_path / "problem.py"
+    write_problem(path, "torch.softmax(x, dim=-1)", "x", torch.float32)
+    path.write_text(path.read_text().replace("(3, 5, 37)", "(2, 40000)"))
+    with pytest.raises(Unsupported, match="longer than the 32768"):
+        write_row_reduction(load_site_graph(path), RowConfig())
+    writers = {d.settings["writer"] for d in RulesGenerator().propose(path, None, n=4).children}
+    assert writers and "write_row_reduction" not in writers, writers
+
+
 @pytest.mark.parametrize(("length", "expected"), [(37, {"rows": 16}), (2000, {"persistent": True})])
 def test_drafts_add_rows_for_short_rows_and_persistence_for_long(length, expected, tmp_path):
     path = tmp_path / "problem.py"

@@ -199,6 +199,9 @@ def write_row_reduction(graph: SiteGraph, config: RowConfig) -> str:
         raise Unsupported(f"{anchor.name} over dimension {dim}; the row kernel reduces the last")
     if anchor.name in REDUCING and anchor.kwarg("dtype") is not None:
         raise Unsupported("a reduction with its own accumulation dtype")
+    if row.shape and row.shape[-1] > MAX_ROW:
+        raise Unsupported(f"rows of {row.shape[-1]} values, longer than the {MAX_ROW} a program "
+                          "holds in registers")
     block_n = 1 << max(row.shape[-1] - 1, 0).bit_length() if row.shape else 1
     if config.rows > 1 and config.rows * block_n > MAX_TILE:
         raise Unsupported(f"{config.rows} rows of {block_n} make a tile over {MAX_TILE} "
