@@ -1,6 +1,6 @@
 """The evaluator's own failures are judged again, once, on a fresh worker, before one stands as a
-candidate's verdict; inputs its process could not map are the evaluator's failure, not the
-candidate's."""
+candidate's verdict (a judge out of device memory, alone on its GPU); inputs its process could
+not map are the evaluator's failure, not the candidate's."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ class Model(nn.Module):
 def get_inputs():
     if torch.get_default_device().type != "meta" and not FAILED_ONCE.exists():
         FAILED_ONCE.write_text("failed")
-        raise RuntimeError("the machine hiccuped")
+        raise {error}
     return [torch.randn(1037), torch.randn(1037)]
 
 
@@ -43,15 +43,27 @@ def get_init_inputs():
 """
 
 
-def flaky_problem(folder: Path, name: str = "flaky") -> tuple[Path, Path]:
+def flaky_problem(folder: Path, name: str = "flaky",
+                  error: str = 'RuntimeError("the machine hiccuped")') -> tuple[Path, Path]:
     mark = folder / f"{name}.failed"
     path = folder / f"{name}.py"
-    path.write_text(FLAKY_PROBLEM.format(mark=str(mark)))
+    path.write_text(FLAKY_PROBLEM.format(mark=str(mark), error=error))
     return path, mark
 
 
 def test_a_failure_of_the_evaluators_own_is_judged_again_on_a_fresh_worker(tmp_path):
     problem, mark = flaky_problem(tmp_path)
+    with Evaluator(EvalConfig(device="cpu", time=False), workers=1) as evaluator:
+        verdict = evaluator.evaluate(problem, (DATA / "good_pointwise.py").read_text())
+        replacements = evaluator.pool.replacements
+    assert mark.exists(), "the first judging never drew the inputs"
+    assert verdict.correct, verdict.reason
+    assert replacements == 1
+
+
+def test_a_judge_out_of_memory_is_judged_again_not_failed(tmp_path):
+    problem, mark = flaky_problem(tmp_path, error='torch.OutOfMemoryError('
+                                  '"CUDA out of memory. Tried to allocate 4.00 GiB")')
     with Evaluator(EvalConfig(device="cpu", time=False), workers=1) as evaluator:
         verdict = evaluator.evaluate(problem, (DATA / "good_pointwise.py").read_text())
         replacements = evaluator.pool.replacements

@@ -73,6 +73,11 @@ def slot_gpus(workers: int, gpus: Sequence[int]) -> list[int | None]:
     return [gpus[slot % len(gpus)] for slot in range(workers)]
 
 
+def problem_key(problem_path: str) -> tuple[str, int]:
+    """A problem file as it is now: a rewritten file is another problem."""
+    return problem_path, Path(problem_path).stat().st_mtime_ns
+
+
 class WorkerPool:
     def __init__(self, config: EvalConfig, workers: int = 1,
                  device_count: Callable[[], int] = torch.cuda.device_count) -> None:
@@ -89,6 +94,9 @@ class WorkerPool:
         self.ledgers: dict[int, DeviceLedger] = {}
         self.held = contextlib.ExitStack()  # this process's own holdings, for the pool's life
         self.sizes: dict[tuple[str, int], ProblemBytes] = {}
+        # The largest peak a verdict of each problem reported (the judge's and its candidate's
+        # process's): later candidates of it hold that much when it is more than the estimate.
+        self.measured: dict[tuple[str, int], int] = {}
 
     def lock_path(self, slot: int) -> str:
         """The timing lock of the slot's device: one per GPU of the machine, one for the CPU."""
@@ -106,17 +114,21 @@ class WorkerPool:
     def run_on(self, slot: int, request: Request) -> Verdict:
         """The verdict of `request` on the slot's worker. The evaluator's own failure (a worker
         that failed in Kiln's code, inputs a candidate's process could not map) is judged again
-        once, on a fresh worker, before it stands as the candidate's verdict."""
+        once, on a fresh worker, before it stands as the candidate's verdict; a judge that ran
+        out of device memory is judged again alone on its GPU, with no other candidate or run's
+        step beside it: fewer at once, not a failure."""
+        alone = False
         try:
             verdict = self.run_once(slot, request)
-            if verdict.reason_code is not Reason.JUDGE_ERROR:
+            if verdict.reason_code not in (Reason.JUDGE_ERROR, Reason.JUDGE_OUT_OF_MEMORY):
                 return verdict
+            alone = verdict.reason_code is Reason.JUDGE_OUT_OF_MEMORY
         except WorkerError:
             pass
         self.retire(slot)
-        return self.run_once(slot, request)
+        return self.run_once(slot, request, alone)
 
-    def run_once(self, slot: int, request: Request) -> Verdict:
+    def run_once(self, slot: int, request: Request, alone: bool = False) -> Verdict:
         phases: dict[str, float] = {}
         began = time.monotonic()
         worker = self.workers[slot]
@@ -132,28 +144,38 @@ class WorkerPool:
             request, config={**request.config,
                              "gpu_lock": config.gpu_lock or self.lock_path(slot)})
         waited = time.monotonic()
-        with self.reserved(slot, request.problem_path):
+        with self.reserved(slot, request.problem_path, alone):
             phases["waiting for memory"] = time.monotonic() - waited
             verdict = worker.evaluate(request, config.compile_timeout_s, config.run_timeout_s)
+        if verdict.peak_memory_bytes:
+            key = problem_key(request.problem_path)
+            with self.guard:
+                self.measured[key] = max(self.measured.get(key, 0), verdict.peak_memory_bytes)
         verdict.phase_seconds = {**phases, **verdict.phase_seconds}
         return verdict
 
-    def reserved(self, slot: int, problem_path: str) -> AbstractContextManager[None]:
-        """Hold what judging the problem takes of the slot's GPU (`core.evaluate.memory`), in
-        the run's budget and in the machine's ledger; nothing to hold on the CPU."""
+    def reserved(self, slot: int, problem_path: str, alone: bool = False
+                 ) -> AbstractContextManager[None]:
+        """Hold what judging the problem takes of the slot's GPU (`core.evaluate.memory`, or
+        the most a verdict of it measured when that is more), in the run's budget and in the
+        machine's ledger; `alone`: the whole GPU, once no other candidate or step holds any of
+        it. Nothing to hold on the CPU."""
         gpu = self.slot_gpu[slot]
         if gpu is None:
             return contextlib.nullcontext()
+        key = problem_key(problem_path)
         with self.guard:
             if self.budget is None:
                 self.open_ledgers()
-            key = (problem_path, Path(problem_path).stat().st_mtime_ns)
             if key not in self.sizes:
                 self.sizes[key] = problem_bytes(problem_path)
-        needed = self.sizes[key].needed
+            needed = max(self.sizes[key].needed, self.measured.get(key, 0))
+        assert self.budget is not None
+        ledger = self.ledgers[gpu]
         stack = contextlib.ExitStack()
-        stack.enter_context(self.budget.reserve(gpu, needed))
-        stack.enter_context(self.ledgers[gpu].hold("candidate", needed))
+        stack.enter_context(self.budget.reserve(gpu, self.budget.limits[gpu] if alone
+                                                else needed))
+        stack.enter_context(ledger.hold("candidate", ledger.capacity if alone else needed))
         return stack
 
     def open_ledgers(self) -> None:
