@@ -5,6 +5,7 @@ guard's buffers, the inputs it maps and the outputs it hands back).
 
     python bench/judge_steps_bench.py [--device cpu|cuda] [--rounds 2] [--uncapped-rotation]
                                       [--model PATH [--drafts 2]] [--memory-trace]
+                                      [--memory-peak]
 
 Judges the honest candidates of tests/data/evaluate `--rounds` times, one after another (the
 first round pays the first-time costs), and prints per candidate its wall time, its verdict's
@@ -14,13 +15,17 @@ the largest site of that model (a KernelBench file, at its own sizes): where the
 candidate goes at real sizes. `--uncapped-rotation` times with as many input sets as cover the
 L2 twice (what the timing did before `model_timing.MAX_ROTATION_SETS`), to compare.
 `--memory-trace` (CUDA) prints, as the judge's steps end, the device memory the judge holds
-and its peak so far: where a verdict's peak memory is reached.
+and its peak so far: where a verdict's peak memory is reached. `--memory-peak` records the
+judge's allocations (torch.profiler) and prints, per candidate, the blocks its allocator held at
+its peak, largest first, each with when and where it was allocated (`bench.memory_peak`; on the
+CPU the candidates' shared input copies are mapped files, not allocations, and do not show).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import functools
 import os
 import sys
@@ -44,6 +49,7 @@ import core.evaluate.judge_timing as judge_timing  # noqa: E402
 import core.evaluate.runner as runner  # noqa: E402
 import core.evaluate.trial as trial  # noqa: E402
 from bench.judging_rate_bench import DATA, HONEST  # noqa: E402
+from bench.memory_peak import PeakRecorder  # noqa: E402
 from core.evaluate.config import EvalConfig  # noqa: E402
 from core.evaluate.evaluator import screen  # noqa: E402
 from core.evaluate.verdict import Verdict  # noqa: E402
@@ -158,6 +164,9 @@ def main() -> None:
     parser.add_argument("--drafts", type=int, default=2)
     parser.add_argument("--memory-trace", action="store_true",
                         help="print the judge's device memory as each of its steps ends (CUDA)")
+    parser.add_argument("--memory-peak", action="store_true",
+                        help="print the blocks the judge held at its peak, and where each was "
+                             "allocated")
     args = parser.parse_args()
     if args.memory_trace and args.device == "cuda":
         TRACED.update(_label(o, n) for o, n in JUDGE_STEPS)
@@ -193,8 +202,13 @@ def main() -> None:
                     raise SystemExit(f"{name} was settled by the static rules: {request.reason}")
                 TOTALS.clear()
                 began = time.perf_counter()
-                verdict, _ = judge.judge(request.problem_path, request.candidate_source, config,
-                                         set(request.anchors), lambda phase: None)
+                with contextlib.ExitStack() as recording:
+                    recorder = (recording.enter_context(PeakRecorder(args.device))
+                                if args.memory_peak else None)
+                    verdict, _ = judge.judge(request.problem_path, request.candidate_source,
+                                             config, set(request.anchors), lambda phase: None)
+                if recorder is not None:
+                    print(recorder.peak().report(), flush=True)
                 phases = ", ".join(f"{k} {v:.2f} s" for k, v in verdict.phase_seconds.items())
                 print(f"round {round_}, {name}: {time.perf_counter() - began:.2f} s "
                       f"({phases}); {'correct' if verdict.correct else verdict.reason[:160]}")

@@ -4,8 +4,8 @@ The candidate runs in a process of its own (`core.evaluate.candidate`, fresh fro
 each candidate, sandboxed), which hands back only output tensors and timings. Here the judge
 draws the inputs (from a seed drawn for this evaluation), runs the reference, compares, times
 and makes the verdict. Order of work: build `ModelNew` there and `Model` here after the same
-seed; for every seed and the captured inputs run the candidate first (poisoned, guarded
-allocations, fresh input copies) and the reference second, and compare; the third trial hands
+seed; for every seed and the captured inputs run the candidate (poisoned, guarded allocations,
+fresh input copies) and the reference, on inputs drawn alike, and compare; the third trial hands
 the candidate the second trial's input buffers holding new values, to catch results cached by
 pointer; time candidate (by the same path as the checks, each timed call's output checked) and
 reference; reject a time under the byte floor; re-verify a speedup above the threshold; check once
@@ -298,9 +298,9 @@ class Judge:
                       keep: bool = False, lead: int = 0) -> Trial:
         """One trial; `keep`: its input copies stay with it, for a later trial to reuse;
         `lead`: as `guard.guarded_buffer`'s, for its fresh copies."""
-        pristine = self.pristine(seed, device)
-        trial = run_trial(models, label, pristine, device, anchors, config, deadline,
-                          None if reused is None else reused.copies, keep=keep, lead=lead)
+        trial = run_trial(models, label, lambda: self.pristine(seed, device), device, anchors,
+                          config, deadline, None if reused is None else reused.copies,
+                          keep=keep, lead=lead)
         mismatch = trial.comparison.mismatch
         if mismatch:
             if reused is not None and trial.fingerprint == reused.fingerprint:
@@ -318,8 +318,8 @@ class Judge:
     def timed(self, verdict: Verdict, models: Models, seed: int, device: torch.device,
               config: EvalConfig, anchors: set[str], deadline: float) -> None:
         with torch.no_grad():
-            time_both(verdict, models, self.pristine(seed, device), device, config, anchors,
-                      deadline, self.lock)
+            time_both(verdict, models, lambda: self.pristine(seed, device), device, config,
+                      anchors, deadline, self.lock)
 
     def reverify(self, verdict: Verdict, models: Models, base: int, timing_seed: int,
                  device: torch.device, config: EvalConfig, anchors: set[str],

@@ -11,7 +11,9 @@ the same sets, while the judge holds the device alone.
 from __future__ import annotations
 
 import os
+import statistics
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -39,7 +41,7 @@ from core.evaluate.trial import (
 )
 from core.evaluate.verdict import Reason, Verdict
 from core.timing.device_lock import DeviceLock
-from core.timing.model_timing import clone_inputs, rotation_sets, time_model
+from core.timing.model_timing import rotation_sets, time_model
 from core.timing.timer import TimingStats
 
 
@@ -85,22 +87,32 @@ def time_candidate(models: Models, candidate_sets: list[list[object]],
                                                       f"timed ({label}): {why}")
         return result.milliseconds
 
-    began = time.perf_counter()
+    began, warm = time.perf_counter(), []
     while calls < config.warmup_after_checks or (time.perf_counter() - began) * 1e3 < \
             config.warmup_time_ms:
-        call()
-    samples = [call() for _ in range(config.trial_count)]
+        warm.append(call())
+    count = config.trials_within(statistics.median(warm)) if warm else config.trial_count
+    samples = [call() for _ in range(count)]
     return TimingStats.from_samples(samples, models.candidate.device.type)
 
 
-def time_both(verdict: Verdict, models: Models, pristine: list[object], device: torch.device,
-              config: EvalConfig, anchors: set[str], deadline: float, lock: DeviceLock) -> None:
-    """Candidate, then reference, on the same input sets (each on copies of its own)."""
+def forget_sets(models: Models, sets: list[list[object]]) -> None:
+    for copies in sets:
+        forget_copies(models, copies)
+
+
+def time_both(verdict: Verdict, models: Models, draw: Callable[[], list[object]],
+              device: torch.device, config: EvalConfig, anchors: set[str], deadline: float,
+              lock: DeviceLock) -> None:
+    """Candidate, then reference, on the same input sets (each on copies of its own); `draw()`
+    gives the timing's inputs, the same values at every call."""
     try:
-        plain_sets = rotation_sets(pristine, device, config.rotation_budget_bytes)
-        # On clones: a reference may change its inputs in place, the sets must stay as drawn.
-        # Before the candidate's copies, so that a clone is gone before they are made.
-        references = [models.reference(*clone_inputs(s)) for s in plain_sets]
+        # The sets hold the same values, so one reference output serves them all. It is made
+        # first, on a draw of its own that it may change in place, so that its temporaries come
+        # on top of one set of inputs, with no clone beside it.
+        references = [models.reference(*draw())]
+        plain_sets = rotation_sets(draw(), device, config.rotation_budget_bytes)
+        references *= len(plain_sets)
         candidate_sets = [shared_copies(models, s, deadline) for s in plain_sets]
     except Rejected:
         raise
@@ -110,14 +122,15 @@ def time_both(verdict: Verdict, models: Models, pristine: list[object], device: 
         candidate = time_candidate(models, candidate_sets, plain_sets, references, config,
                                    anchors, deadline)
         # The candidate's copies, and the outputs its timed calls were checked against, are
-        # freed before the reference is timed (its own outputs come on top of its inputs).
-        for copies in candidate_sets:
-            forget_copies(models, copies)
-        candidate_sets = []
+        # freed before the reference is timed (its own outputs come on top of its inputs): no
+        # name here may keep one alive.
+        forget_sets(models, candidate_sets)
+        candidate_sets.clear()
         references.clear()
         models.candidate.release(deadline)
         baseline = time_model(models.reference, plain_sets, device, config.warmup_after_checks,
-                              config.trial_count, config.warmup_time_ms, queue_ahead=True)
+                              config.trial_count, config.warmup_time_ms, queue_ahead=True,
+                              trials_within=config.trials_within)
     record_timing(verdict, candidate, baseline)
 
 

@@ -9,12 +9,15 @@ both outputs, and no more: outputs are compared a piece at a time, and what a la
 of this one is the output's fingerprint. Each trial's copies are freed before the next trial
 allocates its own, except the second's, which are refilled for the third; the second's fresh
 copies hold their data a page further into their buffers than the first's, so that memory the
-allocator hands back holds it at other addresses. So the judge's peak is twice the inputs and
-once the outputs beside the reference's temporaries.
+allocator hands back holds it at other addresses. A trial's copies are freed once the candidate's
+call is checked, before the reference runs; the second trial, whose copies stay, runs its
+reference first, on inputs drawn for it alone. So the judge's peak is twice the inputs and once
+the outputs, or the inputs and the reference's outputs and temporaries, whichever is more.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -128,14 +131,18 @@ def checked_call(models: Models, label: str, copies: list[object], deadline: flo
     return result
 
 
-def run_trial(models: Models, label: str, pristine: list[object], device: torch.device,
-              anchors: set[str], config: EvalConfig, deadline: float,
+def run_trial(models: Models, label: str, draw: Callable[[], list[object]],
+              device: torch.device, anchors: set[str], config: EvalConfig, deadline: float,
               reuse: list[object] | None = None, keep: bool = False,
               lead: int = 0) -> Trial:
-    """Candidate first, on poisoned guarded copies of `pristine` (or on the copies of `reuse`
-    refilled with its values); then the reference on `pristine` itself, which nothing reads
-    after. `keep`: the trial holds on to the candidate's copies. `lead`: as
-    `guard.guarded_buffer`'s, for fresh copies."""
+    """Candidate first, on poisoned guarded copies of the trial's inputs (`draw()`, the same
+    values at every call) or on the copies of `reuse` refilled with them; then the reference on
+    the inputs themselves, which nothing reads after. `keep`: the trial holds on to the
+    candidate's copies, and its reference runs first, on a draw of its own, so that the
+    reference's temporaries never meet the copies. `lead`: as `guard.guarded_buffer`'s, for
+    fresh copies."""
+    reference_out = models.reference(*draw()) if keep else None
+    pristine = draw()
     copies = refill(reuse, pristine) if reuse is not None else None
     if copies is None:
         copies = shared_copies(models, pristine, deadline, lead)
@@ -144,7 +151,14 @@ def run_trial(models: Models, label: str, pristine: list[object], device: torch.
     if mutated:
         raise Rejected(mutated.code, f"{label}: {mutated.message}")
     digest = fingerprint(result.outputs)
-    reference_out = models.reference(*pristine)
+    if not keep:
+        # Done with: the copies are freed before the reference runs, whose temporaries come
+        # on top of its inputs (the judge lets go first, so that the release frees them).
+        forget_copies(models, copies)
+        copies = []
+        models.candidate.release(deadline)
+    if reference_out is None:
+        reference_out = models.reference(*pristine)
     synchronize(device)
     read, written = moved_bytes(pristine, reference_out)
     floor_ms = config.peaks.bytes_seconds(read, written) * 1e3
@@ -155,8 +169,6 @@ def run_trial(models: Models, label: str, pristine: list[object], device: torch.
     if comparison.mismatch is not None and comparison.mismatch.code is Reason.WRONG_VALUES:
         comparison = second_opinion(models, pristine, result.outputs, reference_out,
                                     comparison)
-    if not keep:
-        forget_copies(models, copies)
     return Trial(label, comparison, digest, floor_ms, impossible_ms, copies if keep else None)
 
 
