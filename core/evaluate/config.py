@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,11 @@ DEFAULT_WARMUP = {"cuda": 10, "cpu": 1}
 # 100 ms of calls come first (triton's do_bench warms up for 25 ms).
 DEFAULT_WARMUP_MS = {"cuda": 100.0, "cpu": 0.0}
 DEFAULT_TRIALS = {"cuda": 100, "cpu": 3}
+# The timed trials of a long call stop once they add up to this much (never under MIN_TRIALS):
+# a 10 ms kernel's median is as steady after 50 calls as after 100, and a candidate of a
+# gigabyte problem spent 3-7 s in timing (bench/NOTES.md, 2026-12-06, 02:40-03:02 UTC).
+TIMED_MS = 500.0
+MIN_TRIALS = 10
 
 
 def default_device() -> str:
@@ -137,6 +143,13 @@ class EvalConfig:
     @property
     def trial_count(self) -> int:
         return DEFAULT_TRIALS[self.device] if self.trials is None else self.trials
+
+    def trials_within(self, call_ms: float) -> int:
+        """Timed trials for calls of `call_ms` each: `trial_count`, fewer for calls so long
+        that they pass TIMED_MS first (MIN_TRIALS at least); exactly `trials` when it is set."""
+        if self.trials is not None or call_ms <= 0:
+            return self.trial_count
+        return min(self.trial_count, max(MIN_TRIALS, math.ceil(TIMED_MS / call_ms)))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -52,7 +52,8 @@ def _time_site(problem_path: Path, config: EvalConfig, compile: bool) -> SiteBas
             runs[1](*input_sets[0])  # compiled here, not inside the timing
     with exclusive_device(config.gpu_lock or device_lock_path(config.device)):
         times = [time_model(run, input_sets, device, config.warmup_count, config.trial_count,
-                            config.warmup_time_ms, queue_ahead=True).median_ms for run in runs]
+                            config.warmup_time_ms, queue_ahead=True,
+                            trials_within=config.trials_within).median_ms for run in runs]
     del input_sets, pristine, model, runs
     if device.type == "cuda":
         # This runs in the optimizer's own process: hand the site's memory back to the

@@ -87,6 +87,7 @@ def time_model(
     trials: int,
     warmup_ms: float = 0.0,
     queue_ahead: bool = False,
+    trials_within: Callable[[float], int] | None = None,
 ) -> TimingStats:
     """Median latency of `model(*inputs)`, rotating through `input_sets`, L2 flushed each trial.
 
@@ -97,6 +98,8 @@ def time_model(
     calls, over a second per model, and the evaluation pool slowed to a crawl (bench/NOTES.md,
     the evaluator's timing; bench/results/evaluate_h200.md, run C). `queue_ahead`: each trial
     is queued behind a sleep on the GPU, so its time is the device's alone (`timer.QueueAhead`).
+    `trials_within(ms)`: the trials for calls of `ms` each (the warm-up's wall time a call, a
+    flush and a sync included), in place of `trials`.
     """
     flush = make_flush(device)
     position = [0]
@@ -109,10 +112,14 @@ def time_model(
         model(*input_sets[position[0]])
 
     with torch.no_grad():
-        begin = time.perf_counter()
+        begin, warmed = time.perf_counter(), 0
         while (time.perf_counter() - begin) * 1e3 < warmup_ms:
             before_each()
             call()
+            warmed += 1
+        if trials_within is not None and warmed:
+            synchronize(device)
+            trials = trials_within((time.perf_counter() - begin) * 1e3 / warmed)
         queue = QueueAhead(device, SITE_QUEUE_MARGIN_MS) if queue_ahead else None
         stats = time_callable(call, device, warmup=warmup, trials=trials, before_each=before_each,
                               queue=queue)
