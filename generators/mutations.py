@@ -48,6 +48,8 @@ LADDERS: dict[str, tuple[int | bool | str, ...]] = {
     "block_rows": (1, 2, 4, 8, 16, 32, 64, 128),
     "block_columns": (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384),
     "splits": (1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+    # 0 (one program a block of rows) is the top rung: the most programs in flight.
+    "resident_per_sm": (1, 2, 4, 0),
     # tf32 alone is no rung: it changes the answer, and is for runs that allow it.
     "precision": ("ieee", "tf32x3"),
 }
@@ -78,6 +80,8 @@ WHY_UP: dict[str, str] = {
     "block_rows": "more rows a program: one launch and one fold for several rows",
     "block_columns": "wider column blocks: longer loads in flight, a row's loop in fewer steps",
     "splits": "more programs share each row's loops: more of the GPU for few, long rows",
+    "resident_per_sm": "more programs in flight on each SM (0: one a block of rows) to hide "
+                       "memory latency",
     "precision": "fp32 products as three tf32 tensor-core products: fp32's accuracy at several "
                  "times the speed of fp32 arithmetic",
 }
@@ -107,6 +111,8 @@ WHY_DOWN: dict[str, str] = {
     "block_columns": "narrower column blocks: fewer registers, a looped row instead of a "
                      "persistent one",
     "splits": "fewer programs a row: fewer partial results to write and combine",
+    "resident_per_sm": "fewer programs in flight, striding over the rows: fewer rows in L2 at "
+                       "once, so that a row's second walk reads it there",
     "precision": "exact fp32 products on the CUDA cores: no split operands held in registers",
 }
 
@@ -134,12 +140,12 @@ PREFERRED: dict[str, tuple[tuple[str, int], ...]] = {
                     ("persistent", 1), ("blocks_per_sm", 1), ("programs_per_sm", 1),
                     ("split", 1), ("num_warps", 1), ("threads", 1), ("block_i", 1),
                     ("block_r", 1), ("tile", 1), ("held", 1), ("splits", 1),
-                    ("block_columns", 1)),
+                    ("block_columns", 1), ("resident_per_sm", 1)),
     NARROW_LOADS: (("vector_bytes", 1), ("block_i", 1), ("block", 1)),
     UNCOALESCED: (("vector_bytes", 1), ("block_i", 1), ("block", 1)),
     COMPUTE_BOUND: (("block_m", 1), ("block_n", 1), ("num_warps", 1), ("threads", 1)),
     EXCESS_TRAFFIC: (("block_m", 1), ("block_n", 1), ("split", -1), ("rows_per_block", 1),
-                     ("splits", -1)),
+                     ("splits", -1), ("resident_per_sm", -1)),
 }
 
 

@@ -35,8 +35,9 @@ def get_init_inputs():
 '''
 # Relative to the reference's scale, as the evaluator holds kernels (core.evaluate.correctness).
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 1e-2}
-# Beyond each kernel's drafts: a few rows a block, and each row split over three programs.
-FORCED = (Schedule(2, 8, 4), Schedule(1, 8, 4, splits=3))
+# Beyond each kernel's drafts: a few rows a block, each row split over three programs, and a
+# program per SM striding over the blocks (one program on the CPU, which counts one SM).
+FORCED = (Schedule(2, 8, 4), Schedule(1, 8, 4, splits=3), Schedule(2, 8, 4, resident_per_sm=1))
 DTYPES = {"fp32": "torch.float32", "fp16": "torch.float16", "bf16": "torch.bfloat16"}
 
 

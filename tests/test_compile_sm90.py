@@ -12,9 +12,11 @@ import pytest
 import torch
 
 from bench.sm90_compile_bench import compile_for_sm90, launched_kernels
+from generators.compiler.schedule import Schedule
 from generators.rules import RulesGenerator
 from generators.site_graph import load_site_graph
 from generators.triton.attention import attention_drafts, write_attention
+from generators.triton.program import write_compiled
 from tests.kernel_checks import one_input_problem
 from tests.test_generator_attention import FORMS, attention_problem
 from tests.test_generator_matmul_rows import write
@@ -77,3 +79,10 @@ def test_attention_drafts_with_an_input_mask_compile(dtype, tmp_path):
     graph = load_site_graph(problem)
     sources = [write_attention(graph, config) for config, _ in attention_drafts(graph)[:DRAFTS]]
     compile_drafts(sources, problem, tmp_path)
+
+
+def test_a_schedule_striding_over_the_rows_compiles(tmp_path):
+    problem = one_input_problem(tmp_path, "x / torch.norm(x, p=2, dim=1, keepdim=True)",
+                                "torch.randn(5, 9000)")
+    source = write_compiled(load_site_graph(problem), Schedule(1, 4096, 16, resident_per_sm=1))
+    compile_drafts([source], problem, tmp_path)

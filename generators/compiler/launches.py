@@ -67,6 +67,14 @@ class Launch:
     def splits(self) -> int:
         return self.schedule.split_count(self.kernel)
 
+    def grid_rows(self, rows_per_program: int) -> str:
+        """The launch's programs along the rows: one a block of `rows_per_program` rows, or,
+        with `resident_per_sm`, at most that many per SM (`sms`, counted by the forward), each
+        striding over the blocks."""
+        blocks = -(-self.kernel.row_count // rows_per_program)
+        per_sm = self.schedule.resident_per_sm
+        return f"min({blocks}, {per_sm} * sms)" if per_sm else str(blocks)
+
 
 @dataclass
 class Frame:
@@ -112,6 +120,9 @@ def frame(program: Program, schedule: Schedule) -> Frame:
         phases = levels_of(kernel) if workspaces else 0
         launches += [Launch(k, phase, kernel, chosen, tuple(step.reads + step.writes + workspaces))
                      for phase in range(phases + 1)]
+    if any(launch.schedule.resident_per_sm for launch in launches):
+        allocations.append(f"sms = torch.cuda.get_device_properties({device})"
+                           f".multi_processor_count if {device}.type == \"cuda\" else 1")
     checks = []
     for value in first:
         name = f"in{value.index}"

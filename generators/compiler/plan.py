@@ -86,6 +86,13 @@ class Kernel:
                     coord.symbols() - row_symbols)
         return False
 
+    def walks_rows_twice(self) -> bool:
+        """Whether a looped program walks each row more than once: reductions of more than one
+        level (a softmax's sum after its max), or outputs of the domain's size after a reduction
+        (a norm's outputs after its statistics)."""
+        levels = {r.level for r in self.reductions}
+        return len(levels) > 1 or bool(self.reductions and self.full)
+
     @property
     def row_count(self) -> int:
         return math.prod(self.domain[d] for d in self.rows)

@@ -323,12 +323,22 @@ class CudaKernelWriter(CudaValues):
             self.line(f"constexpr int ROWS = {self.rows_per_block};")
             self.line(f"__shared__ long long fold_space[{2 * self.threads}];")
             self.line("const int lane = threadIdx.x / ROWS;")
-            self.line("const long long raw_row = (long long)blockIdx.x * ROWS + "
-                      "threadIdx.x % ROWS;")
         else:
             self.line("__shared__ long long fold_space[64];")
             self.line("const int lane = threadIdx.x % LANES;")
-            self.line(f"const long long raw_row = (long long)blockIdx.x * {self.rows_per_block} "
+        block = "(long long)blockIdx.x"
+        strided = self.schedule.resident_per_sm > 0
+        if strided:
+            blocks = -(-kernel.row_count // self.rows_per_block)
+            block = "block"
+            self.line(f"for (long long block = blockIdx.x; block < {blocks}; "
+                      "block += gridDim.x) {")
+            self.depth += 1
+            self.line("__syncthreads();  // the last block's folds are done with fold_space")
+        if self.rows_apart:
+            self.line(f"const long long raw_row = {block} * ROWS + threadIdx.x % ROWS;")
+        else:
+            self.line(f"const long long raw_row = {block} * {self.rows_per_block} "
                       "+ threadIdx.x / LANES;")
         self.line(f"const bool row_ok = raw_row < {kernel.row_count};")
         self.line(f"const {self.index} row = row_ok ? raw_row : {kernel.row_count - 1};")
@@ -344,6 +354,9 @@ class CudaKernelWriter(CudaValues):
                 self.level(reductions)
         if final:
             self.outputs()
+        if strided:
+            self.depth -= 1
+            self.line("}")
         return self.lines
 
     def outputs(self) -> None:

@@ -48,7 +48,7 @@ def write_cuda_program(program: Program, schedule: Schedule, ops: str) -> str:
         kernels.append(f"__global__ void __launch_bounds__({writer.threads}) {launch.name}(\n"
                        f"    {parameters})\n{{\n" + "\n".join(body) + "\n}\n")
         signatures.append((launch.name, "P" * len(launch.arguments)))
-        blocks = -(-launch.kernel.row_count // writer.rows_per_block)
+        blocks = launch.grid_rows(writer.rows_per_block)
         launches.append(f"        self.kernels[{launch.name!r}](grid=({blocks}, {launch.splits}, "
                         f"1), block=({writer.threads}, 1, 1), args=("
                         f"{', '.join(launch.arguments)},))")

@@ -216,8 +216,16 @@ class KernelWriter(ValueWriter):
     def body(self) -> list[str]:
         kernel = self.kernel
         index = ".to(tl.int64)" if self.wide else ""
-        self.rows = self.let(f"tl.program_id(0){index} * BLOCK_ROWS + "
-                             "tl.arange(0, BLOCK_ROWS)[:, None]", "rows")
+        block = "tl.program_id(0)"
+        if self.schedule.resident_per_sm:
+            # PASSES (the launch's blocks over its programs) is a constant: a loop's bounds must
+            # be, under the interpreter. A last pass past the blocks is masked off by its rows.
+            each = self.name("each")
+            self.line(f"for {each} in range(PASSES):")
+            self.depth += 1
+            block = self.let(f"tl.program_id(0) + {each} * tl.num_programs(0)", "block", "index")
+        self.rows = self.let(f"{block}{index} * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)[:, None]",
+                             "rows")
         self.masks["row"] = self.let(f"{self.rows} < {kernel.row_count}", "rmask")
         self.masks["both"] = self.masks["row"]
         self.counters(self.rows, [kernel.symbols[d] for d in kernel.rows])

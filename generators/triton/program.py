@@ -39,13 +39,18 @@ def write_program(program: Program, schedule: Schedule, ops: str) -> str:
         chosen = launch.schedule
         writer = KernelWriter(launch.kernel, chosen, launch.phase)
         parameters = kernel_parameters(launch.kernel, len(writer.workspaces))
+        strided = chosen.resident_per_sm > 0
         kernels.append("\n".join(
             ["@triton.jit", f"def {launch.name}({', '.join(parameters)}, "
-             "BLOCK_ROWS: tl.constexpr, BLOCK_COLUMNS: tl.constexpr):", *writer.body()]) + "\n")
+             + ("PASSES: tl.constexpr, " if strided else "")
+             + "BLOCK_ROWS: tl.constexpr, BLOCK_COLUMNS: tl.constexpr):", *writer.body()]) + "\n")
+        programs = launch.grid_rows(chosen.block_rows)
+        blocks = -(-launch.kernel.row_count // chosen.block_rows)
+        passes = f"PASSES=-(-{blocks} // {programs}), " if strided else ""
         launches.append(
-            f"        {launch.name}[({-(-launch.kernel.row_count // chosen.block_rows)}, "
-            f"{launch.splits})]({', '.join(launch.arguments)}, BLOCK_ROWS={chosen.block_rows}, "
-            f"BLOCK_COLUMNS={chosen.block_columns}, num_warps={chosen.num_warps})")
+            f"        {launch.name}[({programs}, {launch.splits})]({', '.join(launch.arguments)}, "
+            f"{passes}BLOCK_ROWS={chosen.block_rows}, BLOCK_COLUMNS={chosen.block_columns}, "
+            f"num_warps={chosen.num_warps})")
     source = with_jit_helpers("import triton.language as tl\n" + "\n\n".join(kernels))
     source = source.removeprefix("import triton.language as tl\n")
     return _SOURCE.format(
