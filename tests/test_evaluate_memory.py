@@ -4,6 +4,7 @@ large; the workers of a pool share a budget of device memory; the sizes come fro
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -247,5 +248,44 @@ def test_a_runs_own_steps_and_candidates_take_turns_in_the_ledger(tmp_path):
         # A step larger than the GPU goes when no candidate or step is held, beside processes.
         with ledger.hold("process", 50), other.hold("step", 500):
             assert sorted(ledger.entries().values()) == [50, 500]
+    finally:
+        ledger.path.unlink(missing_ok=True)
+
+
+def test_a_holding_kept_waiting_is_passed_by_no_later_one(tmp_path):
+    gpu = f"test-{tmp_path.name}"
+    ledgers = [DeviceLedger(gpu, 100, poll_s=0.01, patience_s=0.2) for _ in range(3)]
+    order: list[str] = []
+
+    def take(ledger: DeviceLedger, name: str, needed: int, hold_s: float) -> threading.Thread:
+        def run() -> None:
+            with ledger.hold("candidate", needed):
+                order.append(name)
+                time.sleep(hold_s)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        return thread
+
+    try:
+        first = take(ledgers[0], "60 held", 60, 1.0)
+        time.sleep(0.1)
+        large = take(ledgers[1], "70 waiting", 70, 0.1)  # does not fit beside the 60
+        time.sleep(0.4)  # ... and has waited past its patience
+        small = take(ledgers[2], "30 later", 30, 0.1)  # would fit beside the 60, but waits
+        for thread in (first, large, small):
+            thread.join(timeout=30)
+        assert order == ["60 held", "70 waiting", "30 later"]
+        assert json.loads(ledgers[0].path.read_text()) == {"held": {}, "waiting": {}}
+    finally:
+        ledgers[0].path.unlink(missing_ok=True)
+
+
+def test_a_ledger_written_before_waiters_were_kept_still_reads(tmp_path):
+    ledger = DeviceLedger(f"test-{tmp_path.name}", 100, poll_s=0.01)
+    ledger.path.write_text(json.dumps({f"{os.getpid()}:process:1": 40}))
+    try:
+        with ledger.hold("candidate", 50):
+            assert sorted(ledger.entries().values()) == [40, 50]
     finally:
         ledger.path.unlink(missing_ok=True)

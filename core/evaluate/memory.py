@@ -11,13 +11,15 @@ twice over:
 It waits while either is too full. A problem larger than the whole budget is judged when nothing
 else is reserved: fewer candidates at once, not a failure. A run's own steps on the GPU
 (profiling, the sites' baselines, the end-to-end check) wait in the same ledger
-(`device_step`), so that runs side by side take turns there too.
+(`device_step`), so that runs side by side take turns there too; one that has waited PATIENCE_S
+is passed by no later one, however small.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import json
 import os
 import threading
@@ -25,7 +27,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import torch
 
@@ -37,6 +39,13 @@ from core.timing.device_lock import lock_folder, physical_gpu
 
 # What judging needs, in multiples of the problem's input and output bytes.
 JUDGE_FACTOR = 3
+# How long a holding waits in the ledger before later ones, which would fit, queue behind it: a
+# run's 17 GB profiling step waited 190 s while other runs' candidates came and went
+# (bench/NOTES.md, 2026-12-06, 02:40-03:02 UTC).
+PATIENCE_S = 20.0
+# Numbers the holdings of this process, of every ledger in it (a run's pool and its own steps
+# each open one of the same GPU).
+_NUMBERS = itertools.count(1)
 # A worker's CUDA contexts (the judge's and its candidate's process's), their allocators' pools
 # and the kernels' modules, held whatever it judges.
 WORKER_OVERHEAD_BYTES = 2 << 30
@@ -133,17 +142,23 @@ def _alive(pid: int) -> bool:
     return True
 
 
+@dataclass
+class LedgerState:
+    held: dict[str, int]  # holder -> bytes
+    waiting: dict[str, float]  # waiter -> since when (time.time())
+
+
 class DeviceLedger:
     """Bytes of one GPU held by Kiln's processes, one entry per holding, in a JSON file under
     the machine's device-lock folder. An entry is `pid:name`; entries of dead processes are
     dropped whenever the file is read, so a killed run frees what it held."""
 
-    def __init__(self, gpu: str, capacity: int, poll_s: float = 0.2) -> None:
+    def __init__(self, gpu: str, capacity: int, poll_s: float = 0.2,
+                 patience_s: float = PATIENCE_S) -> None:
         self.path = lock_folder() / f"gpu-{gpu}.memory"
         self.capacity = capacity
         self.poll_s = poll_s
-        self.counter = 0
-        self.guard = threading.Lock()
+        self.patience_s = patience_s
 
     @classmethod
     def of_gpu(cls, gpu: int) -> DeviceLedger:
@@ -154,7 +169,7 @@ class DeviceLedger:
     def entries(self) -> dict[str, int]:
         """Who holds what now."""
         with self._locked() as handle:
-            return self._read(handle)
+            return self._read(handle).held
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[IO[str]]:
@@ -163,17 +178,23 @@ class DeviceLedger:
             yield handle
 
     @staticmethod
-    def _read(handle: IO[str]) -> dict[str, int]:
+    def _read(handle: IO[str]) -> LedgerState:
         handle.seek(0)
         text = handle.read()
-        entries = json.loads(text) if text.strip() else {}
-        return {k: v for k, v in entries.items() if _alive(int(k.split(":")[0]))}
+        data = json.loads(text) if text.strip() else {}
+        if "held" not in data:  # a ledger written before waiters were kept: holdings only
+            data = {"held": data, "waiting": {}}
+
+        def live(entries: dict[str, Any]) -> dict[str, Any]:
+            return {k: v for k, v in entries.items() if _alive(int(k.split(":")[0]))}
+
+        return LedgerState(live(data["held"]), live(data.get("waiting", {})))
 
     @staticmethod
-    def _write(handle: IO[str], entries: dict[str, int]) -> None:
+    def _write(handle: IO[str], state: LedgerState) -> None:
         handle.seek(0)
         handle.truncate()
-        handle.write(json.dumps(entries))
+        handle.write(json.dumps({"held": state.held, "waiting": state.waiting}))
         handle.flush()
 
     @contextlib.contextmanager
@@ -181,27 +202,44 @@ class DeviceLedger:
         """Hold `needed` bytes. A "candidate" (or a run's own "step") first waits until they
         fit beside every other holding, or until no other candidate or step is held anywhere
         (then it goes however large); a "process" holding (what a process keeps on the GPU
-        whatever it does) is taken at once."""
-        with self.guard:
-            self.counter += 1
-            key = f"{os.getpid()}:{kind}:{self.counter}"
-        while True:
-            with self._locked() as handle:
-                entries = self._read(handle)
-                fits = sum(entries.values()) + needed <= self.capacity
-                alone = all(":process:" in k for k in entries)
-                if kind == "process" or fits or alone:
-                    entries[key] = needed
-                    self._write(handle, entries)
-                    break
-            time.sleep(self.poll_s)
+        whatever it does) is taken at once. A holding that came after one that has waited
+        `patience_s` waits behind it, even where it would fit: small candidates arriving one
+        after another never keep a large step (a run's profiling, say) out for good."""
+        number = next(_NUMBERS)
+        key, waiter = f"{os.getpid()}:{kind}:{number}", f"{os.getpid()}:waiting:{number}"
+        since = time.time()
+        try:
+            while True:
+                with self._locked() as handle:
+                    state = self._read(handle)
+                    fits = sum(state.held.values()) + needed <= self.capacity
+                    alone = all(":process:" in k for k in state.held)
+                    now = time.time()
+                    behind = any(other != waiter and began < since
+                                 and now - began > self.patience_s
+                                 for other, began in state.waiting.items())
+                    if kind == "process" or ((fits or alone) and not behind):
+                        state.waiting.pop(waiter, None)
+                        state.held[key] = needed
+                        self._write(handle, state)
+                        break
+                    state.waiting[waiter] = since
+                    self._write(handle, state)
+                time.sleep(self.poll_s)
+        except BaseException:
+            self._drop(waiter)
+            raise
         try:
             yield
         finally:
-            with self._locked() as handle:
-                entries = self._read(handle)
-                entries.pop(key, None)
-                self._write(handle, entries)
+            self._drop(key)
+
+    def _drop(self, key: str) -> None:
+        with self._locked() as handle:
+            state = self._read(handle)
+            state.held.pop(key, None)
+            state.waiting.pop(key, None)
+            self._write(handle, state)
 
 
 def model_bytes(spec: str) -> int:
