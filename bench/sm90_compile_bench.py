@@ -4,10 +4,14 @@ specialize them for, and compiled by Triton's own compiler in a process of its o
 interpreter runs what the compiler may refuse: a loop Triton's passes fail on, say.
 
     python -m bench.sm90_compile_bench [PROBLEM ...] [--drafts 3] [--out DIR]
+    python -m bench.sm90_compile_bench --sites SITE_PROBLEM ... [--drafts 3]
 
 compiles the first `--drafts` rules drafts of every site of each problem (default: every file of
 bench/kernelbench_dev, each shrunk as `bench.compiler_coverage_bench --shrink` shrinks it) and
-tables what failed.
+tables what failed. Shrunk sizes leave out what only large ones make (a row walked in a loop, not
+in one block): `--sites` takes site problems as a run wrote them (`<out>/<model>/sites/*/
+problem.py`), at their own sizes, and records their launches on meta tensors without running
+them.
 """
 
 from __future__ import annotations
@@ -115,10 +119,13 @@ def _launch_job(kernel: object, args: tuple, kwargs: dict) -> dict:
             "aligned": aligned, "options": options}
 
 
-def launched_kernels(source: str, problem_path: Path, folder: Path) -> tuple[Path, list[dict]]:
+def launched_kernels(source: str, problem_path: Path, folder: Path, run: bool = True
+                     ) -> tuple[Path, list[dict]]:
     """Run the candidate `source` on its problem's inputs under the Triton interpreter
     (TRITON_INTERPRET=1 in this process), and return the module file written for it with a
-    compile job (`compile_for_sm90`) for every distinct launch."""
+    compile job (`compile_for_sm90`) for every distinct launch. `run=False`: the forward runs on
+    meta tensors and its launches are recorded without running, so that a problem of any size
+    costs nothing (a forward that reads values, to size an output say, cannot be recorded so)."""
     from triton.runtime.interpreter import InterpretedFunction
 
     jobs: dict[str, dict] = {}
@@ -127,7 +134,9 @@ def launched_kernels(source: str, problem_path: Path, folder: Path) -> tuple[Pat
     def recording(self, *args, grid, warmup, **kwargs):  # noqa: ANN001, ANN202
         job = _launch_job(self, args, dict(kwargs))
         jobs.setdefault(json.dumps(job, sort_keys=True, default=str), job)
-        return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+        if run:
+            return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+        return None
 
     module = folder / "model_new.py"
     module.write_text(source)
@@ -137,7 +146,8 @@ def launched_kernels(source: str, problem_path: Path, folder: Path) -> tuple[Pat
     try:
         with torch.no_grad():
             torch.manual_seed(0)
-            candidate.ModelNew(*problem.init_inputs())(*problem.inputs(0))
+            inputs = problem.inputs(0, "cpu" if run else "meta")
+            candidate.ModelNew(*problem.init_inputs())(*inputs)
     finally:
         InterpretedFunction.run = original
     return module, [{**job, "name": f"{job['kernel']} {i}"} for i, job in enumerate(jobs.values())]
@@ -155,12 +165,36 @@ def main() -> int:
     parser.add_argument("problems", nargs="*", type=Path)
     parser.add_argument("--drafts", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("kiln-out/sm90-compile"))
+    parser.add_argument("--sites", nargs="*", type=Path, default=[],
+                        help="site problems to compile the drafts of at their own sizes")
     args = parser.parse_args()
-    problems = args.problems or sorted(DEV.glob("level*/*.py"))
     args.out.mkdir(parents=True, exist_ok=True)
     generator = RulesGenerator()
     rows, kernels = [], 0
-    for problem in problems:
+
+    def compile_drafts(name: str, path: Path, run: bool) -> None:
+        nonlocal kernels
+        for index, draft in enumerate(generator.propose(path, None, args.drafts).children):
+            where = f"{name} | draft {index}"
+            folder = Path(tempfile.mkdtemp(dir=args.out))
+            try:
+                module, jobs = launched_kernels(draft.source, path, folder, run)
+            except Exception as err:  # noqa: BLE001 - a draft that fails to run is a row
+                rows.append(f"| {where} | runs | {type(err).__name__}: {str(err)[:120]} |")
+                continue
+            for kernel, result in compile_for_sm90(module, jobs).items() if jobs else []:
+                kernels += 1
+                if "error" in result:
+                    rows.append(f"| {where} | compiles {kernel} | "
+                                f"{result['error'].splitlines()[-1][:160]} |")
+
+    for site_problem in args.sites:
+        compile_drafts(f"{site_problem.parent.parent.parent.name} | {site_problem.parent.name}",
+                       site_problem, run=False)
+        print(f"{site_problem}: {len(rows)} failure(s) so far, {kernels} kernels compiled",
+              flush=True)
+    for problem in [] if args.sites and not args.problems else (
+            args.problems or sorted(DEV.glob("level*/*.py"))):
         small = args.out / "problems" / problem.parent.name / problem.name
         small.parent.mkdir(parents=True, exist_ok=True)
         small.write_text(shrunk(problem.read_text()))
@@ -169,20 +203,7 @@ def main() -> int:
                                             profile=ProfileConfig(warmup=1, trials=1),
                                             quiet=True))
         for site in report["sites"]:
-            path = Path(site["problem"])
-            for index, draft in enumerate(generator.propose(path, None, args.drafts).children):
-                where = f"{problem.stem} | {site['id']} | draft {index}"
-                folder = Path(tempfile.mkdtemp(dir=args.out))
-                try:
-                    module, jobs = launched_kernels(draft.source, path, folder)
-                except Exception as err:  # noqa: BLE001 - a draft that fails to run is a row
-                    rows.append(f"| {where} | runs | {type(err).__name__}: {str(err)[:120]} |")
-                    continue
-                for name, result in compile_for_sm90(module, jobs).items() if jobs else []:
-                    kernels += 1
-                    if "error" in result:
-                        rows.append(f"| {where} | compiles {name} | "
-                                    f"{result['error'].splitlines()[-1][:160]} |")
+            compile_drafts(f"{problem.stem} | {site['id']}", Path(site["problem"]), run=True)
         print(f"{problem.stem}: {len(rows)} failure(s) so far, {kernels} kernels compiled",
               flush=True)
     text = "\n".join(["| problem, site, draft | step | error |", "| --- | --- | --- |", *rows,

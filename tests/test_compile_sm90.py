@@ -86,3 +86,19 @@ def test_a_schedule_striding_over_the_rows_compiles(tmp_path):
                                 "torch.randn(5, 9000)")
     source = write_compiled(load_site_graph(problem), Schedule(1, 4096, 16, resident_per_sm=1))
     compile_drafts([source], problem, tmp_path)
+
+
+def test_a_problem_of_gigabytes_compiles_from_launches_recorded_on_meta_tensors(tmp_path):
+    # 4 GB of input were it drawn: the forward runs on meta tensors, its launches unrun.
+    problem = one_input_problem(tmp_path, "x / torch.norm(x, p=2, dim=1, keepdim=True)",
+                                "torch.randn(1024, 1 << 20)")
+    drafts = rules_drafts(problem)
+    assert any("L2" in d for d in
+               [p.rationale for p in RulesGenerator().propose(problem, None, n=DRAFTS).children])
+    folder = tmp_path / "meta"
+    folder.mkdir()
+    module, jobs = launched_kernels(drafts[0], problem, folder, run=False)
+    assert jobs and all(job["constexprs"].get("PASSES") for job in jobs), jobs
+    failed = {name: r["error"][-300:] for name, r in compile_for_sm90(module, jobs).items()
+              if "error" in r}
+    assert not failed, failed

@@ -204,6 +204,15 @@ def test_what_it_cannot_compute_is_declined_with_the_reason(params, body, reason
         write_attention(load_site_graph(path), SMALL)
 
 
+def test_a_head_dimension_over_what_a_program_holds_is_declined(tmp_path):
+    path = attention_problem(tmp_path, *FORMS["scaled matmuls"], torch.float32, head=1024,
+                             queries=32, keys=32)
+    with pytest.raises(Unsupported, match="head dimension 1024, over 256"):
+        write_attention(load_site_graph(path), SMALL)
+    proposals = RulesGenerator().propose(path, None, n=3)
+    assert not proposals.children and "head dimension 1024" in proposals.declined
+
+
 def test_the_rules_generator_drafts_and_mutates_attention(tmp_path):
     path = attention_problem(tmp_path, *FORMS["gpt2 where with a buffer mask"], torch.float32)
     generator = RulesGenerator()

@@ -40,6 +40,10 @@ class AttentionConfig:
                 f"{self.num_stages} stages{DESCRIBED[self.precision]}")
 
 
+# The largest head dimension a program holds whole: a [BLOCK_M, D] accumulator and [BLOCK_N, D]
+# tiles of K and V, in registers and shared memory (FlashAttention's kernels stop at 256 too).
+MAX_HEAD = 256
+
 _SOURCE = '''"""Kiln rules kernel (triton, attention): {ops}. {config}."""
 
 import math
@@ -179,6 +183,11 @@ def write_attention(graph: SiteGraph, config: AttentionConfig) -> str:
     rank = len(graph.info(plan.q).shape)
     if not 2 <= rank <= 4:
         raise Unsupported(f"Q of rank {rank}: the kernel takes at most two batch dimensions")
+    head = max(graph.info(plan.q).shape[-1], graph.info(plan.v).shape[-1])
+    if head > MAX_HEAD:
+        raise Unsupported(f"head dimension {head}, over {MAX_HEAD}: a program holds a query "
+                          "tile's whole accumulator and each key tile in registers, which would "
+                          "spill (Triton compiled such a kernel for minutes on sm_90)")
     operands = [f"x{i}" for i in range(len(plan.operands))]
     outs = [f"out{k}" for k in range(len(plan.outputs))]
     precision = dot_precision(plan.dtype, config.precision)
