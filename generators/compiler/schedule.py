@@ -30,8 +30,9 @@ ROWS_TILE = 4096
 # long is worth a launch of its own per reduction level.
 FEW_ROWS = 512
 SPLIT_LOOP = 1 << 16
-# An H100's or H200's L2 (50 and 60 MB), the smaller.
+# An H100's or H200's L2 (50 and 60 MB), the smaller, and their SMs.
 L2_BYTES = 50 << 20
+SMS = 132
 
 
 @dataclass(frozen=True)
@@ -104,9 +105,11 @@ def drafts(kernel: Kernel) -> list[tuple[Schedule, str]]:
                      "persistent, one row a program")]
         looped = [(Schedule(1, 4096, 8), f"looped: rows of {loop} values walked 4096 at a time"),
                   (Schedule(1, 2048, 4), f"looped: rows of {loop} values walked 2048 at a time")]
-        if kernel.walks_rows_twice() and math.prod(kernel.domain) * 4 > L2_BYTES:
+        if (kernel.walks_rows_twice() and math.prod(kernel.domain) * 4 > L2_BYTES
+                and loop * 4 * SMS <= L2_BYTES):
             # One program a row puts hundreds of rows in flight, more than L2 holds: each row's
             # second walk went back to memory (bench/NOTES.md, 2026-12-06, 02:40-03:02 UTC).
+            # A row a SM is all L2 need hold, where rows are short enough for that.
             looped.insert(0, (Schedule(1, 4096, 16, resident_per_sm=1),
                               f"looped: rows of {loop} values, one 16-warp program per SM "
                               "striding over them, so that a row's second walk finds it in L2"))
