@@ -51,19 +51,13 @@ def flaky_problem(folder: Path, name: str = "flaky",
     return path, mark
 
 
-def test_a_failure_of_the_evaluators_own_is_judged_again_on_a_fresh_worker(tmp_path):
-    problem, mark = flaky_problem(tmp_path)
-    with Evaluator(EvalConfig(device="cpu", time=False), workers=1) as evaluator:
-        verdict = evaluator.evaluate(problem, (DATA / "good_pointwise.py").read_text())
-        replacements = evaluator.pool.replacements
-    assert mark.exists(), "the first judging never drew the inputs"
-    assert verdict.correct, verdict.reason
-    assert replacements == 1
-
-
-def test_a_judge_out_of_memory_is_judged_again_not_failed(tmp_path):
-    problem, mark = flaky_problem(tmp_path, error='torch.OutOfMemoryError('
-                                  '"CUDA out of memory. Tried to allocate 4.00 GiB")')
+@pytest.mark.parametrize("error", [
+    'RuntimeError("the machine hiccuped")',
+    # Out of device memory: judged again alone on its GPU (on the CPU, just again).
+    'torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 GiB")',
+], ids=["an error", "out of memory"])
+def test_a_failure_of_the_evaluators_own_is_judged_again_on_a_fresh_worker(tmp_path, error):
+    problem, mark = flaky_problem(tmp_path, error=error)
     with Evaluator(EvalConfig(device="cpu", time=False), workers=1) as evaluator:
         verdict = evaluator.evaluate(problem, (DATA / "good_pointwise.py").read_text())
         replacements = evaluator.pool.replacements
