@@ -2,7 +2,7 @@
 
     with PeakRecorder("cuda") as recorder:
         work()
-    print(recorder.report())
+    print(recorder.peak().report())
 
 The profiler's allocation events (torch.profiler, `profile_memory`) are replayed in order; at the
 event where a device's allocator held the most, the blocks still allocated are listed, largest
@@ -50,10 +50,6 @@ class Peak:
         return "\n".join(lines)
 
 
-def _frames(chain: list[str]) -> list[str]:
-    return list(reversed(chain))
-
-
 def peak_of(prof: profile, device_type: str) -> Peak:
     """The peak of `device_type`'s allocator in the recording `prof`, and the blocks held then."""
     events: list[tuple[int, int, int, int, list[str]]] = []
@@ -80,7 +76,7 @@ def peak_of(prof: profile, device_type: str) -> Peak:
     live: dict[int, Block] = {}
     for when, ptr, size, _, chain in events[:top + 1]:
         if size > 0:
-            live[ptr] = Block(size, (when - start) / 1e6, _frames(chain))
+            live[ptr] = Block(size, (when - start) / 1e6, list(reversed(chain)))
         else:
             live.pop(ptr, None)
     blocks = sorted(live.values(), key=lambda b: -b.nbytes)

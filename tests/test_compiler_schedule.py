@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from generators.codegen import SM_COUNT_LINE
 from generators.compiler.schedule import Schedule, drafts
 from generators.compiler.site import program_of
 from generators.mutations import neighbours
@@ -44,7 +45,7 @@ def test_rows_walked_twice_beyond_l2_stride_one_program_per_sm(tmp_path, body, s
 def test_a_strided_candidate_counts_the_sms_and_loops_over_its_blocks(tmp_path):
     problem = one_input_problem(tmp_path, NORM, "torch.randn(4096, 65535)")
     source = write_compiled(load_site_graph(problem), Schedule(1, 4096, 16, resident_per_sm=1))
-    assert "sms = torch.cuda.get_device_properties(in0.device).multi_processor_count" in source
+    assert f"device = in0.device\n        {SM_COUNT_LINE}" in source
     assert "[(min(4096, 1 * sms), 1)]" in source and "PASSES=-(-4096 // min(4096, 1 * sms))" \
         in source
     assert "for each" in source and "in range(PASSES):" in source

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from generators.codegen import SM_COUNT_LINE
 from generators.compiler.plan import Kernel, Reduction
 from generators.compiler.program import Program
 from generators.compiler.schedule import Schedule, drafts
@@ -67,11 +68,15 @@ class Launch:
     def splits(self) -> int:
         return self.schedule.split_count(self.kernel)
 
+    def blocks(self, rows_per_program: int) -> int:
+        """The blocks of `rows_per_program` rows that cover the kernel's rows."""
+        return -(-self.kernel.row_count // rows_per_program)
+
     def grid_rows(self, rows_per_program: int) -> str:
         """The launch's programs along the rows: one a block of `rows_per_program` rows, or,
         with `resident_per_sm`, at most that many per SM (`sms`, counted by the forward), each
         striding over the blocks."""
-        blocks = -(-self.kernel.row_count // rows_per_program)
+        blocks = self.blocks(rows_per_program)
         per_sm = self.schedule.resident_per_sm
         return f"min({blocks}, {per_sm} * sms)" if per_sm else str(blocks)
 
@@ -121,8 +126,7 @@ def frame(program: Program, schedule: Schedule) -> Frame:
         launches += [Launch(k, phase, kernel, chosen, tuple(step.reads + step.writes + workspaces))
                      for phase in range(phases + 1)]
     if any(launch.schedule.resident_per_sm for launch in launches):
-        allocations.append(f"sms = torch.cuda.get_device_properties({device})"
-                           f".multi_processor_count if {device}.type == \"cuda\" else 1")
+        allocations += [f"device = {device}", SM_COUNT_LINE]
     checks = []
     for value in first:
         name = f"in{value.index}"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from core.profile.roofline import GpuPeaks
 from generators.compiler.plan import Kernel
 
 # Elements one program holds at once: more and a block spills its registers (a [rows, columns]
@@ -30,9 +31,6 @@ ROWS_TILE = 4096
 # long is worth a launch of its own per reduction level.
 FEW_ROWS = 512
 SPLIT_LOOP = 1 << 16
-# An H100's or H200's L2 (50 and 60 MB), the smaller, and their SMs.
-L2_BYTES = 50 << 20
-SMS = 132
 
 
 @dataclass(frozen=True)
@@ -105,8 +103,9 @@ def drafts(kernel: Kernel) -> list[tuple[Schedule, str]]:
                      "persistent, one row a program")]
         looped = [(Schedule(1, 4096, 8), f"looped: rows of {loop} values walked 4096 at a time"),
                   (Schedule(1, 2048, 4), f"looped: rows of {loop} values walked 2048 at a time")]
-        if (kernel.walks_rows_twice() and math.prod(kernel.domain) * 4 > L2_BYTES
-                and loop * 4 * SMS <= L2_BYTES):
+        peaks = GpuPeaks()
+        if (kernel.walks_rows_twice() and math.prod(kernel.domain) * 4 > peaks.l2_bytes
+                and loop * 4 * peaks.sms <= peaks.l2_bytes):
             # One program a row puts hundreds of rows in flight, more than L2 holds: each row's
             # second walk went back to memory (bench/NOTES.md, 2026-12-06, 02:40-03:02 UTC).
             # A row a SM is all L2 need hold, where rows are short enough for that.

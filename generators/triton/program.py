@@ -45,8 +45,8 @@ def write_program(program: Program, schedule: Schedule, ops: str) -> str:
              + ("PASSES: tl.constexpr, " if strided else "")
              + "BLOCK_ROWS: tl.constexpr, BLOCK_COLUMNS: tl.constexpr):", *writer.body()]) + "\n")
         programs = launch.grid_rows(chosen.block_rows)
-        blocks = -(-launch.kernel.row_count // chosen.block_rows)
-        passes = f"PASSES=-(-{blocks} // {programs}), " if strided else ""
+        passes = (f"PASSES=-(-{launch.blocks(chosen.block_rows)} // {programs}), " if strided
+                  else "")
         launches.append(
             f"        {launch.name}[({programs}, {launch.splits})]({', '.join(launch.arguments)}, "
             f"{passes}BLOCK_ROWS={chosen.block_rows}, BLOCK_COLUMNS={chosen.block_columns}, "
