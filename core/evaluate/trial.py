@@ -6,13 +6,12 @@ and hands them to the candidate's process (`core.evaluate.candidate`), which han
 outputs; the judge checks from outside the copies' bands and values, runs the reference on the
 trial's own inputs and compares. A trial holds its inputs, the candidate's copies of them and
 both outputs, and no more: outputs are compared a piece at a time, and what a later trial needs
-of this one is the output's fingerprint. Each trial's copies are freed before the next trial
-allocates its own, except the second's, which are refilled for the third; the second's fresh
-copies hold their data a page further into their buffers than the first's, so that memory the
-allocator hands back holds it at other addresses. A trial's copies are freed once the candidate's
-call is checked, before the reference runs; the second trial, whose copies stay, runs its
-reference first, on inputs drawn for it alone. So the judge's peak is twice the inputs and once
-the outputs, or the inputs and the reference's outputs and temporaries, whichever is more.
+of this one is the output's fingerprint. A trial's copies are freed once the candidate's call
+is checked, before the reference runs, except the second's, which are refilled for the third:
+that trial runs its reference first, on inputs drawn for it alone. The second's fresh copies
+hold their data a page further into their buffers than the first's, so that memory the
+allocator hands back holds it at other addresses. So the judge's peak is twice the inputs and
+once the outputs, or the inputs and the reference's outputs and temporaries, whichever is more.
 """
 
 from __future__ import annotations

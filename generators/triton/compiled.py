@@ -126,9 +126,8 @@ class KernelWriter(ValueWriter):
         else:
             # In the accumulator's own type: a loop-carried value may not change type (a
             # count of a comparison would turn int64 into fp32 through `where`'s 0.0).
-            (total_slot,) = (s for s in acc if s.name == "total" and s.reduction == reduction.index)
-            kept = self.let(f"tl.where({mask}, {value}, {NEUTRAL[kind]})"
-                            f".to({tl_dtype(total_slot.dtype)})")
+            dtype = next(s.dtype for s in slots(reduction) if s.name == "total")
+            kept = self.let(f"tl.where({mask}, {value}, {NEUTRAL[kind]}).to({tl_dtype(dtype)})")
             total = slot["total"]
             if kind in _EXTREME:
                 self.line(f"{total} = {_EXTREME[kind][0]}({total}, {kept}, "
