@@ -144,7 +144,8 @@ def optimize(command: list[str], stop_after: float | None, name: str,
 def verdict_lines(candidates: list[Candidate]) -> str:
     """Each judged candidate's verdict in a line: its id, tier, code ("accepted" for an accepted
     one, with its time), its reason, and for a judge's failure or a crash the traceback's last
-    lines, so that a problem whose kernels all failed says why."""
+    lines, so that a problem whose kernels all failed says why; then, after "·", the candidate
+    it was changed from and the generator's rationale, which name the settings it tried."""
     lines = []
     for c in candidates:
         if not c.verdict:
@@ -154,7 +155,10 @@ def verdict_lines(candidates: list[Candidate]) -> str:
         reason = str(v.get("reason") or f"{v.get('latency_ms')} ms, {v.get('speedup')}x")
         if code in ("judge_error", "crash", "judge_out_of_memory"):
             reason += " | " + " | ".join(str(v.get("compile_log") or "").splitlines()[-4:])
-        lines.append(f"{c.id} {c.summary.tier} {code}: {' '.join(reason.split())[:1200]}\n")
+        origin = (f"from {c.summary.parent_id}: " if c.summary.parent_id is not None
+                  else "draft: ")
+        lines.append(f"{c.id} {c.summary.tier} {code}: {' '.join(reason.split())[:1200]} · "
+                     f"{origin}{' '.join(c.summary.rationale.split())[:300]}\n")
     return "".join(lines)
 
 

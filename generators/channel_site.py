@@ -1,6 +1,7 @@
-"""A site built around one group_norm or training-mode batch_norm over (N, C, *spatial), as
-the Triton and CUDA channel-norm writers read it: which inputs have the full shape, which hold
-one value per channel, and how the model reshapes them for a kernel."""
+"""A site built around one group_norm, instance_norm or training-mode batch_norm over
+(N, C, *spatial), as the Triton and CUDA channel-norm writers read it: which inputs have the full
+shape, which hold one value per channel, and how the model reshapes them for a kernel. Instance
+norm is group norm with a group a channel."""
 
 from __future__ import annotations
 
@@ -84,12 +85,15 @@ def channel_site(graph: SiteGraph, name: str, params: list[object]) -> ChannelSi
 
 @dataclass(frozen=True)
 class ChannelNorm:
-    """A site's one group_norm or training-mode batch_norm, as the writers read it."""
+    """A site's one group_norm, instance_norm or training-mode batch_norm, as the writers read
+    it."""
 
     op: Op
     weight: object  # the per-channel affine parameters: Refs, or None
     bias: object
-    groups: int  # 0 for batch norm, whose sets are whole channels over the batch
+    # Sets a sample splits into: the channels for instance norm; 0 for batch norm, whose sets
+    # are whole channels over the batch.
+    groups: int
     eps: float
     site: ChannelSite
 
@@ -105,22 +109,34 @@ def channel_norm(graph: SiteGraph, names: tuple[str, ...]) -> ChannelNorm:
         groups, eps = arg(op, "num_groups", 1), arg(op, "eps", 4, 1e-5)
         if not isinstance(groups, int):
             raise Unsupported("group_norm with a computed group count")
+    elif op.name == "instance_norm":
+        if not arg(op, "use_input_stats", 5, True):
+            raise Unsupported("instance_norm from running statistics is elementwise: the "
+                              "pointwise kernel's")
+        _no_running_statistics(op)
+        weight, bias = arg(op, "weight", 3), arg(op, "bias", 4)
+        groups, eps = None, arg(op, "eps", 7, 1e-5)
     else:
         if not arg(op, "training", 5, False):
             raise Unsupported("batch_norm in inference mode is elementwise: the pointwise "
                               "kernel's")
-        if any(isinstance(arg(op, name, i), Ref)
-               for i, name in ((1, "running_mean"), (2, "running_var"))):
-            raise Unsupported("batch_norm that updates running statistics in place: a "
-                              "candidate may not change its inputs")
+        _no_running_statistics(op)
         weight, bias = arg(op, "weight", 3), arg(op, "bias", 4)
         groups, eps = 0, arg(op, "eps", 7, 1e-5)
     if not isinstance(eps, float | int):
         raise Unsupported(f"{op.name} with a computed eps")
     site = channel_site(graph, op.name, [weight, bias])
+    groups = site.shape[1] if groups is None else groups
     if groups and site.shape[1] % groups:
         raise Unsupported(f"{site.shape[1]} channels do not split into {groups} groups")
     return ChannelNorm(op, weight, bias, groups, float(eps), site)
+
+
+def _no_running_statistics(op: Op) -> None:
+    if any(isinstance(arg(op, name, i), Ref)
+           for i, name in ((1, "running_mean"), (2, "running_var"))):
+        raise Unsupported(f"{op.name} that updates running statistics in place: a candidate "
+                          "may not change its inputs")
 
 
 def inputs_of(ops: list[tuple[int, Op]]) -> set[int]:

@@ -98,7 +98,10 @@ def test_sets_too_large_for_shared_memory_are_refused(tmp_path):
 
 @pytest.mark.parametrize(("body", "reason"), [
     ("torch.nn.functional.batch_norm(x, m, v, None, None, False)", "inference mode"),
-    ("torch.softmax(x, dim=1)", "group_norm or batch_norm kernel takes a site with one of them"),
+    ("torch.softmax(x, dim=1)",
+     "group_norm or instance_norm or batch_norm kernel takes a site with one of them"),
+    ("torch.nn.functional.instance_norm(x, m, v, use_input_stats=True)",
+     "instance_norm that updates running statistics in place"),
 ])
 def test_sites_it_cannot_handle_say_why(tmp_path, body, reason):
     path = tmp_path / "site.py"

@@ -1,4 +1,5 @@
-"""Rules Triton for group_norm sites: prologue and epilogue fused, odd shapes, three dtypes."""
+"""Rules Triton for group_norm and instance_norm sites: prologue and epilogue fused, odd shapes,
+three dtypes."""
 
 from __future__ import annotations
 
@@ -26,6 +27,14 @@ CASES = {
                         {"x": (5, 8), "w": (8,), "b": (8,)}, 2),
     "one_group_per_channel": ("x, w, b", f"torch.sigmoid({F}.group_norm(x, {{g}}, w, b))",
                               {"x": (2, 3, 17), "w": (3,), "b": (3,)}, 3),
+    # Instance norm is group norm with a group a channel (no group count: 0 below), as
+    # nn.InstanceNorm2d's capture spells it, and with an affine map by keyword.
+    "instance_norm_as_captured": (
+        "x", f"{F}.instance_norm(x, None, None, None, None, True, 0.1, 1e-05) / 2.0",
+        {"x": (3, 4, 5, 7)}, 0),
+    "instance_norm_affine": ("x, w, b", f"torch.tanh({F}.instance_norm(x + 1.0, weight=w, "
+                                        "bias=b, eps=1e-4))",
+                             {"x": (2, 5, 33), "w": (5,), "b": (5,)}, 0),
 }
 
 
@@ -99,6 +108,18 @@ def test_sites_it_cannot_handle_say_why(tmp_path):
         "def get_inputs():\n    return [torch.randn(2, 4, 5), torch.randn(5)]\n\n\n"
         "def get_init_inputs():\n    return []\n")
     with pytest.raises(Unsupported, match=r"broadcasts to \(2, 4, 5\) other than per channel"):
+        write_group_norm(load_site_graph(path), GroupNormConfig())
+
+
+def test_instance_norm_from_running_statistics_is_left_to_the_pointwise_kernel(tmp_path):
+    path = tmp_path / "problem.py"
+    path.write_text(
+        "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
+        "    def forward(self, x, m, v):\n"
+        "        return torch.nn.functional.instance_norm(x, m, v, use_input_stats=False)\n\n\n"
+        "def get_inputs():\n    return [torch.randn(2, 3, 5), torch.randn(3), torch.rand(3)]\n\n\n"
+        "def get_init_inputs():\n    return []\n")
+    with pytest.raises(Unsupported, match="instance_norm from running statistics is elementwise"):
         write_group_norm(load_site_graph(path), GroupNormConfig())
 
 

@@ -1,15 +1,16 @@
-"""Tier-2 CUDA for group norm and batch norm (batch statistics) that reads its input once.
+"""Tier-2 CUDA for group norm, instance norm and batch norm (batch statistics) that reads its
+input once.
 
 The values normalized together (a set: one sample's group of channels for group norm, one
-channel over the batch for batch norm) are shared out among the CLUSTER blocks of a sm_90
-thread-block cluster. Each block computes the prologue over its share and keeps the result in
-registers (every load of the share issued at once) or in shared memory. Each thread sums its
-values and their squares shifted by its first value, the threads' (count, mean, M2) states
-merge over the block, and each block sends its state to every block of the cluster, which
-merge them (Chan et al.). Each block then normalizes its share, applies the affine map and the
-epilogue, and stores. Global traffic is one read and one write. The Triton kernels read twice:
-a 16 × 4096 fp32 group (256 KB) leaves L2 between its two walks, and at 16×512×64² they sat
-just under the two thirds of the byte floor that two reads allow
+sample's channel for instance norm, one channel over the batch for batch norm) are shared out
+among the CLUSTER blocks of a sm_90 thread-block cluster. Each block computes the prologue over
+its share and keeps the result in registers (every load of the share issued at once) or in
+shared memory. Each thread sums its values and their squares shifted by its first value, the
+threads' (count, mean, M2) states merge over the block, and each block sends its state to every
+block of the cluster, which merge them (Chan et al.). Each block then normalizes its share,
+applies the affine map and the epilogue, and stores. Global traffic is one read and one write.
+The Triton kernels read twice: a 16 × 4096 fp32 group (256 KB) leaves L2 between its two walks,
+and at 16×512×64² they sat just under the two thirds of the byte floor that two reads allow
 (bench/results/rules_generator_h200.md, earlier table).
 
 On an H200, group norm + SiLU 16×512×64² fp32 gained first from holding the share in
@@ -270,8 +271,8 @@ def _walk(graph: SiteGraph, site: ChannelSite, ops: set[int], inputs: set[int],
 
 
 def write_cuda_channel_norm(graph: SiteGraph, config: ClusterNormConfig) -> str:
-    """ModelNew for a site of one group_norm, or one training-mode batch_norm without running
-    statistics, with elementwise ops on its input's shape."""
+    """ModelNew for a site of one group_norm, instance_norm or training-mode batch_norm without
+    running statistics, with elementwise ops on its input's shape."""
     if config.cluster not in (2, 4, 8) or config.threads % 32 or not 64 <= config.threads <= 1024 \
             or config.vector not in (1, 2, 4) or config.held not in ("shared", "registers"):
         raise Unsupported(f"{config.describe()}: clusters of 2, 4 or 8 blocks (portable on "
@@ -280,7 +281,7 @@ def write_cuda_channel_norm(graph: SiteGraph, config: ClusterNormConfig) -> str:
     if config.held == "registers" and config.vector == 1:
         raise Unsupported("values held in registers need vectors: the kernel for any strides "
                           "holds its share in shared memory")
-    norm = channel_norm(graph, ("group_norm", "batch_norm"))
+    norm = channel_norm(graph, ("group_norm", "instance_norm", "batch_norm"))
     site, anchor, weight, bias, groups = norm.site, norm.op, norm.weight, norm.bias, norm.groups
     kind = anchor.name
     n, c = site.shape[0], site.shape[1]

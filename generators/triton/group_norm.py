@@ -1,4 +1,5 @@
-"""Tier-1 Triton for `group_norm` sites, with the input's elementwise prologue and epilogue.
+"""Tier-1 Triton for `group_norm` and `instance_norm` sites (a group a channel), with the input's
+elementwise prologue and epilogue.
 
 The input (N, C, *spatial) is read as (N, C, S): one program per (sample, group) walks the
 group's C/G channels × S positions in [BLOCK_C, BLOCK_S] tiles twice. The first walk folds the
@@ -211,8 +212,9 @@ def _persistent_grid(source: str, programs_per_sm: int) -> list[str]:
 
 
 def write_group_norm(graph: SiteGraph, config: GroupNormConfig) -> str:
-    """ModelNew for a site of one F.group_norm with elementwise ops on its input's shape."""
-    norm = channel_norm(graph, ("group_norm",))
+    """ModelNew for a site of one F.group_norm or F.instance_norm (batch statistics) with
+    elementwise ops on its input's shape."""
+    norm = channel_norm(graph, ("group_norm", "instance_norm"))
     site, anchor, groups, eps = norm.site, norm.op, norm.groups, norm.eps
     params = [norm.weight, norm.bias]
     r = site.anchor
