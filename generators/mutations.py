@@ -50,6 +50,7 @@ LADDERS: dict[str, tuple[int | bool | str, ...]] = {
     "splits": (1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
     # 0 (one program a block of rows) is the top rung: the most programs in flight.
     "resident_per_sm": (1, 2, 4, 0),
+    "cluster_blocks": (2, 4, 8),
     # tf32 alone is no rung: it changes the answer, and is for runs that allow it.
     "precision": ("ieee", "tf32x3"),
 }
@@ -82,6 +83,8 @@ WHY_UP: dict[str, str] = {
     "splits": "more programs share each row's loops: more of the GPU for few, long rows",
     "resident_per_sm": "more programs in flight on each SM (0: one a block of rows) to hide "
                        "memory latency",
+    "cluster_blocks": "more blocks of a cluster share each row: fewer rows in flight, so that a "
+                      "row's second walk finds it in L2",
     "precision": "fp32 products as three tf32 tensor-core products: fp32's accuracy at several "
                  "times the speed of fp32 arithmetic",
 }
@@ -113,6 +116,8 @@ WHY_DOWN: dict[str, str] = {
     "splits": "fewer programs a row: fewer partial results to write and combine",
     "resident_per_sm": "fewer programs in flight, striding over the rows: fewer rows in L2 at "
                        "once, so that a row's second walk reads it there",
+    "cluster_blocks": "fewer blocks of a cluster share each row: fewer partial results to "
+                      "exchange, more rows under way at once",
     "precision": "exact fp32 products on the CUDA cores: no split operands held in registers",
 }
 
@@ -145,7 +150,7 @@ PREFERRED: dict[str, tuple[tuple[str, int], ...]] = {
     UNCOALESCED: (("vector_bytes", 1), ("block_i", 1), ("block", 1)),
     COMPUTE_BOUND: (("block_m", 1), ("block_n", 1), ("num_warps", 1), ("threads", 1)),
     EXCESS_TRAFFIC: (("block_m", 1), ("block_n", 1), ("split", -1), ("rows_per_block", 1),
-                     ("splits", -1), ("resident_per_sm", -1)),
+                     ("splits", -1), ("resident_per_sm", -1), ("cluster_blocks", 1)),
 }
 
 

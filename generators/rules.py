@@ -16,7 +16,9 @@ import torch
 
 from core.profile.roofline import GpuPeaks
 from generators.base import Parent, Proposal, Proposals, source_digest
-from generators.compiler.schedule import Schedule
+from generators.compiler.launches import main_step
+from generators.compiler.schedule import Schedule, cluster_drafts
+from generators.compiler.site import program_of
 from generators.cuda.channel_norm import write_cuda_channel_norm
 from generators.cuda.cluster_shares import ClusterNormConfig, register_threads
 from generators.cuda.pointwise import CudaPointwiseConfig, write_cuda_pointwise
@@ -271,6 +273,16 @@ def _cluster_norm_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
                                          "strides")]
 
 
+def _cuda_compiled_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
+    """The compiler's drafts, after the thread-block clusters only the CUDA tier has, where
+    they apply."""
+    try:
+        program = program_of(graph)
+    except Unsupported:
+        return list(compiled_drafts(graph))
+    return [*cluster_drafts(program.steps[main_step(program)].kernel), *compiled_drafts(graph)]
+
+
 WRITERS = (
     Writer("pointwise", "triton", write_pointwise, PointwiseConfig, _pointwise_drafts),
     Writer("reduction", "triton", write_row_reduction, RowConfig, _row_drafts),
@@ -291,7 +303,7 @@ WRITERS = (
            _cluster_norm_drafts),
     Writer("pointwise", "cuda", write_cuda_compiled, Schedule, compiled_drafts,
            follows="write_compiled"),
-    Writer("reduction", "cuda", write_cuda_compiled, Schedule, compiled_drafts,
+    Writer("reduction", "cuda", write_cuda_compiled, Schedule, _cuda_compiled_drafts,
            follows="write_compiled"),
     Writer("conv", "cuda", write_cuda_compiled, Schedule, compiled_drafts,
            follows="write_compiled"),

@@ -38,6 +38,9 @@ TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 # Beyond each kernel's drafts: a few rows a block, each row split over three programs, and a
 # program per SM striding over the blocks (one program on the CPU, which counts one SM).
 FORCED = (Schedule(2, 8, 4), Schedule(1, 8, 4, splits=3), Schedule(2, 8, 4, resident_per_sm=1))
+# The CUDA tier's clusters on a GPU: a row shared by two blocks, and two rows a block shared by
+# four (the Triton tier and the CPU's stand-in for CUDA have no clusters).
+CLUSTERED = (Schedule(1, 8, 4, cluster_blocks=2), Schedule(2, 8, 4, cluster_blocks=4))
 DTYPES = {"fp32": "torch.float32", "fp16": "torch.float16", "bf16": "torch.bfloat16"}
 
 
@@ -166,25 +169,28 @@ def write_problem(folder: Path, case: Case) -> tuple[Path, Program]:
     return problem, plan_program(lower_problem(problem))
 
 
-def schedules_of(program: Program) -> list[Schedule]:
-    """The largest kernel's drafts, then the forced schedules."""
+def schedules_of(program: Program, clusters: bool = False) -> list[Schedule]:
+    """The largest kernel's drafts, then the forced schedules (with `clusters`, the clustered
+    ones too)."""
     main = max(program.steps, key=lambda step: step.kernel.row_count * step.kernel.column_count)
-    return [s for s, _ in drafts(main.kernel)] + list(FORCED)
+    return [s for s, _ in drafts(main.kernel)] + list(FORCED) + list(CLUSTERED if clusters
+                                                                         else ())
 
 
 Writer = Callable[[Program, Schedule, str], str]
 
 
-def check(folder: Path, case: Case, write: Writer, device: str = "cpu") -> None:
-    """Each schedule's candidate for `case` matches the problem's own Model on the same inputs,
-    run on `device`."""
+def check(folder: Path, case: Case, write: Writer, device: str = "cpu",
+          clusters: bool = False) -> None:
+    """Each schedule's candidate for `case` (`schedules_of`) matches the problem's own Model on
+    the same inputs, run on `device`."""
     problem, program = write_problem(folder, case)
     reference = load_module(problem, f"problem_{folder.name}")
     torch.manual_seed(0)
     values = reference.get_inputs()
     expected = reference.Model()(*values)
     values = [v.to(device) for v in values]
-    for k, schedule in enumerate(schedules_of(program)):
+    for k, schedule in enumerate(schedules_of(program, clusters)):
         path = folder / f"kernel_{k}.py"
         path.write_text(write(program, schedule, case.body))
         got = load_module(path, f"kernel_{folder.name}_{k}").ModelNew()(*values)

@@ -1,6 +1,7 @@
 """The kernel compiler's CUDA backend: every case of `compiler_cases` under each schedule compiles
 for sm_90 with nvcc (one translation unit, so the whole set costs one compiler run), and matches
-PyTorch, run on the CPU by `tests.cuda_on_cpu` and on a GPU."""
+PyTorch, run on the CPU by `tests.cuda_on_cpu` and on a GPU (there with thread-block clusters
+too, which the CPU's stand-in does not run)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import pytest
 from core.runtime.cuda import nvcc_check
 from generators.base import Parent
 from generators.compiler.schedule import Schedule
-from generators.cuda.compiled import FOLDS
 from generators.cuda.expressions import HELPERS
+from generators.cuda.folds import CLUSTER_EXCHANGE, FOLDS
 from generators.cuda.program import write_cuda_program
 from generators.rules import RulesGenerator
 from generators.site_graph import Unsupported
@@ -29,11 +30,11 @@ def _kernels(folder: Path, n: int, case: Case) -> list[tuple[str, str]]:
     what it is."""
     _, program = write_problem(folder, case)
     found = []
-    for k, schedule in enumerate(schedules_of(program)):
+    for k, schedule in enumerate(schedules_of(program, clusters=True)):
         path = folder / f"kernel_{k}.py"
         path.write_text(write_cuda_program(program, schedule, case.body))
         source = load_module(path, f"cuda_{folder.name}_{n}_{k}").SOURCE
-        kernels = source.removeprefix(HELPERS + FOLDS)
+        kernels = source.removeprefix(HELPERS + FOLDS).removeprefix(CLUSTER_EXCHANGE)
         assert kernels != source, "every compiled CUDA source starts with the shared helpers"
         found.append((f"{case.id} under {schedule.describe()}",
                       kernels.replace("site_kernel_", f"case{n}_{k}_site_kernel_")))
@@ -41,7 +42,7 @@ def _kernels(folder: Path, n: int, case: Case) -> list[tuple[str, str]]:
 
 
 def test_every_case_compiles_for_hopper(tmp_path):
-    parts, starts = [HELPERS + FOLDS], []
+    parts, starts = [HELPERS + FOLDS + CLUSTER_EXCHANGE], []
     for n, case in enumerate(CUDA_CASES):
         for what, kernels in _kernels(tmp_path / f"case{n}", n, case):
             starts.append((sum(p.count("\n") + 1 for p in parts) + 1, what))
@@ -96,7 +97,7 @@ def test_every_case_matches_pytorch_run_on_the_cpu(tmp_path, case):
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", CUDA_CASES, ids=[c.id for c in CUDA_CASES])
 def test_every_case_matches_pytorch_on_the_gpu(tmp_path, case):
-    check(tmp_path / "site", case, write_cuda_program, device="cuda")
+    check(tmp_path / "site", case, write_cuda_program, device="cuda", clusters=True)
 
 
 def test_a_compiled_triton_kernel_seeds_the_cuda_tier_at_its_schedule(tmp_path):

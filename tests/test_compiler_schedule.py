@@ -1,6 +1,7 @@
 """The compiler's schedules: a looped kernel whose rows are walked twice and whose input is
 larger than L2 is first tried with one program per SM striding over the rows, so that a row's
-second walk reads it from L2; the search moves that setting one rung at a time."""
+second walk reads it from L2, and in the CUDA tier with each row shared by the blocks of a
+thread-block cluster; the search moves those settings one rung at a time."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ import pytest
 from generators.codegen import SM_COUNT_LINE
 from generators.compiler.schedule import Schedule, drafts
 from generators.compiler.site import program_of
+from generators.cuda.program import write_cuda_compiled
 from generators.mutations import neighbours
 from generators.rules import RulesGenerator
-from generators.site_graph import load_site_graph
+from generators.site_graph import Unsupported, load_site_graph
 from generators.triton.program import write_compiled
 from tests.kernel_checks import one_input_problem
 
@@ -60,3 +62,55 @@ def test_the_search_moves_the_programs_per_sm_a_rung_at_a_time():
     everyone = [s for s in neighbours(Schedule()) if s.knob == "resident_per_sm"]
     assert [s.settings.resident_per_sm for s in everyone] == [4]
     assert "L2" in everyone[0].rationale
+
+
+@pytest.mark.parametrize(("body", "shape", "clustered"), [
+    (NORM, "(4096, 65535)", True),
+    # 1.5 MB rows, too long for a row on every SM, shared by eight SMs instead
+    ("torch.softmax(x, dim=-1)", "(512, 393216)", True),
+    (NORM, "(64, 65535)", False),  # 16 MB: L2 holds every row in flight already
+    ("x.sum(dim=-1)", "(4096, 65535)", False),  # one walk a row
+    ("torch.softmax(x, dim=-1)", "(65536, 4096)", False),  # rows held whole in registers
+    ("torch.cumsum(x, dim=-1)", "(4096, 65535)", False),  # a running total crosses the row
+])
+def test_the_cuda_tier_shares_long_rows_walked_twice_over_a_cluster(tmp_path, body, shape,
+                                                                      clustered):
+    problem = one_input_problem(tmp_path, body, f"torch.randn{shape}")
+    proposals = RulesGenerator().propose(problem, None, n=8, tiers=("cuda",)).children
+    shared = [p.settings["cluster_blocks"] for p in proposals
+              if p.settings.get("cluster_blocks")]
+    assert shared == ([8, 4] if clustered else []), [p.rationale for p in proposals]
+    triton = RulesGenerator().propose(problem, None, n=8).children
+    assert not any(p.settings.get("cluster_blocks") for p in triton)
+
+
+def test_a_clustered_candidate_exchanges_partial_results_in_one_launch(tmp_path):
+    problem = one_input_problem(tmp_path, NORM, "torch.randn(4096, 65535)")
+    graph = load_site_graph(problem)
+    source = write_cuda_compiled(graph, Schedule(1, 4096, 16, cluster_blocks=8))
+    assert "__cluster_dims__(1, 8, 1)" in source and "grid=(4096, 8, 1)" in source
+    # One barrier before any block sends, one for the norm's sum of squares; no workspace.
+    assert source.count("cluster_barrier();") == 2 and "ws0" not in source
+    assert "send_to_cluster<CLUSTER>" in source
+    with pytest.raises(Unsupported, match="clusters are the CUDA tier's"):
+        write_compiled(graph, Schedule(1, 4096, 16, cluster_blocks=8))
+
+
+def test_a_cluster_shares_only_the_loops_of_a_reduction(tmp_path):
+    # A scan's running total crosses its row, and an elementwise kernel has no loops to share.
+    chosen = Schedule(1, 64, 4, splits=2, resident_per_sm=1, cluster_blocks=4)
+    for body, clustered in (("torch.cumsum(x, dim=-1)", False), ("x * 2.0", False),
+                            (NORM, True)):
+        problem = one_input_problem(tmp_path, body, "torch.randn(8, 300)")
+        program = program_of(load_site_graph(problem))
+        kernel = max(program.steps, key=lambda step: step.kernel.row_count).kernel
+        fitted = chosen.fitted(kernel)
+        assert fitted.cluster_blocks == (4 if clustered else 0), body
+        if clustered:  # the cluster in place of split launches and striding blocks
+            assert (fitted.split_count(kernel), fitted.splits, fitted.resident_per_sm) == (4, 1, 0)
+
+
+def test_the_search_moves_the_cluster_a_rung_at_a_time():
+    steps = [s for s in neighbours(Schedule(cluster_blocks=8)) if s.knob == "cluster_blocks"]
+    assert [s.settings.cluster_blocks for s in steps] == [4]
+    assert not [s for s in neighbours(Schedule()) if s.knob == "cluster_blocks"]

@@ -43,8 +43,9 @@ def levels_of(kernel: Kernel) -> int:
 
 
 def workspace_slots(kernel: Kernel, schedule: Schedule) -> list[Slot]:
-    """The partial results split loops pass between launches, one (rows, splits) tensor each."""
-    if schedule.split_count(kernel) > 1 and kernel.reductions:
+    """The partial results split loops pass between launches, one (rows, splits) tensor each
+    (a cluster's blocks pass theirs to each other instead)."""
+    if schedule.split_count(kernel) > 1 and kernel.reductions and not schedule.cluster_blocks:
         return [s for r in kernel.reductions for s in slots(r)]
     return []
 

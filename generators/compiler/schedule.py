@@ -10,7 +10,12 @@ them and writes the outputs, its columns shared the same way (for rows too few t
 a loss over a whole tensor, say). A kernel without reductions gives each program one block of
 columns. With `resident_per_sm` above zero, that many programs per SM stride over the blocks of
 rows instead of one program a block: a row walked twice (a norm's statistics, then its outputs)
-is read the second time from L2, since only the rows in flight are ever in it.
+is read the second time from L2, since only the rows in flight are ever in it. With
+`cluster_blocks` (the CUDA tier, sm_90), that many blocks of a thread-block cluster share each
+row's loops in one launch: each folds its share, the blocks send their partial results to each
+other through distributed shared memory, and each goes on with the row's totals to its share of
+the outputs. A row is then read by several SMs at once and done soon after, so that far fewer
+rows are in flight than with a block a row, and a row's second walk finds it in L2.
 """
 
 from __future__ import annotations
@@ -40,21 +45,28 @@ class Schedule:
     num_warps: int = 4
     splits: int = 1  # programs sharing each row's loops
     resident_per_sm: int = 0  # programs per SM striding over the blocks; 0: one a block
+    cluster_blocks: int = 0  # blocks of a cluster sharing each row's loops (CUDA); 0: none
 
     def describe(self) -> str:
         return (f"{self.block_rows} row(s) x {self.block_columns} columns a block, "
                 f"{self.num_warps} warps" + (f", each row's loops split over {self.splits} "
                                              "programs" if self.splits > 1 else "")
                 + (f", {self.resident_per_sm} program(s) per SM striding over the blocks"
-                   if self.resident_per_sm else ""))
+                   if self.resident_per_sm else "")
+                + (f", each row shared by a cluster of {self.cluster_blocks} blocks"
+                   if self.cluster_blocks else ""))
 
     def fitted(self, kernel: Kernel) -> Schedule:
         """This schedule within the kernel's sizes: no more rows a block than the kernel has
-        (one, when no dimension is a row one), no more splits than blocks of a loop."""
+        (one, when no dimension is a row one), no more splits than blocks of a loop. A cluster
+        shares the loops of a reduction kernel's rows (not a scan's, whose total crosses the
+        row), in place of splits and of striding blocks."""
         rows = min(self.block_rows, _pow2(kernel.row_count))
         loop = max([r.size for r in kernel.reductions] + [kernel.column_count, 1])
+        if self.cluster_blocks and kernel.reductions and kernel.scan_dim is None:
+            return replace(self, block_rows=rows, splits=1, resident_per_sm=0)
         splits = max(1, min(self.splits, -(-loop // self.block_columns)))
-        return replace(self, block_rows=rows, splits=splits)
+        return replace(self, block_rows=rows, splits=splits, cluster_blocks=0)
 
     def persistent(self, kernel: Kernel) -> bool:
         """Every loop of a row fits in one block of columns, and one program does them."""
@@ -67,7 +79,7 @@ class Schedule:
         if kernel.scan_dim is not None:
             return 1
         if kernel.reductions:
-            return self.splits
+            return self.cluster_blocks or self.splits
         return max(1, -(-kernel.column_count // self.block_columns))
 
 
@@ -119,3 +131,25 @@ def drafts(kernel: Kernel) -> list[tuple[Schedule, str]]:
              "rows side by side: 64 rows a program read along memory, 32 columns a step"),
             (Schedule(128, max(1, min(columns, 16)), 8),
              "rows side by side: 128 rows a program, 16 columns a step, 8 warps")]
+
+
+# Blocks of a cluster that share a row, and the warps of each: 8 blocks (the most sm_90 takes
+# portably) of 512 threads leave about 4 blocks an SM, so some 66 rows in flight on 132 SMs;
+# each thread walks 8 columns a pass (4096 a block).
+CLUSTER_DRAFTS = ((8, 16), (4, 16))
+
+
+def cluster_drafts(kernel: Kernel) -> list[tuple[Schedule, str]]:
+    """Cluster schedules (the CUDA tier's) for looped kernels that walk rows twice over an input
+    larger than L2, whose rows in flight with a block a row do not fit in it."""
+    loop = max([r.size for r in kernel.reductions] + [kernel.column_count, 1])
+    peaks = GpuPeaks()
+    if (kernel.scan_dim is not None or not kernel.walks_rows_twice()
+            or kernel.rows_contiguous() or loop <= MAX_PERSISTENT_COLUMNS
+            or math.prod(kernel.domain) * 4 <= peaks.l2_bytes):
+        return []
+    return [(Schedule(1, 4096, warps, cluster_blocks=blocks),
+             f"rows of {loop} values, each shared by a cluster of {blocks} blocks of "
+             f"{32 * warps} threads that exchange their partial results, so that few rows are "
+             "in flight and a row's second walk finds it in L2")
+            for blocks, warps in CLUSTER_DRAFTS]

@@ -30,112 +30,6 @@ NEUTRAL = {"sum": "0.0f", "mean": "0.0f", "prod": "1.0f", "amax": "-INFINITY",
 MAX_STEPS = 8
 FUNCTOR = {"sum": "Add", "mean": "Add", "var": "Add", "prod": "Times", "amax": "NanMax",
            "amin": "NanMin"}
-# Device code every compiled CUDA kernel shares: the folds over a row's lanes (templates, so
-# C++ linkage inside the source's `extern "C"`).
-FOLDS = r"""
-extern "C++" {
-struct Add { template <class T> __device__ T operator()(T a, T b) const { return a + b; } };
-struct Times { template <class T> __device__ T operator()(T a, T b) const { return a * b; } };
-struct NanMax { __device__ float operator()(float a, float b) const { return nan_max(a, b); } };
-struct NanMin { __device__ float operator()(float a, float b) const { return nan_min(a, b); } };
-
-// `value` folded over the LANES lanes of a row (consecutive threads); every lane gets the
-// result. Rows wider than a warp meet in `shared`, one slot a warp.
-template <int LANES, class T, class F>
-__device__ __forceinline__ T fold_row(T value, F combine, long long* shared) {
-    constexpr int WIDTH = LANES < 32 ? LANES : 32;
-    for (int hop = 1; hop < WIDTH; hop <<= 1) {
-        value = combine(value, __shfl_xor_sync(0xffffffffu, value, hop, WIDTH));
-    }
-    if (LANES > 32) {
-        T* slots = reinterpret_cast<T*>(shared);
-        const int first = (threadIdx.x / LANES) * (LANES / 32);
-        if (threadIdx.x % 32 == 0) { slots[threadIdx.x / 32] = value; }
-        __syncthreads();
-        value = slots[first];
-        for (int w = 1; w < LANES / 32; ++w) { value = combine(value, slots[first + w]); }
-        __syncthreads();
-    }
-    return value;
-}
-
-// The better of two (value, index) pairs: NaN first, then the larger (smaller), then the
-// earlier index, as torch.argmax (argmin) picks.
-__device__ __forceinline__ void arg_pick(float& best, long long& at, float value, long long index,
-                                         bool largest) {
-    const bool nan_best = best != best, nan_value = value != value;
-    bool take;
-    if (nan_best || nan_value) {
-        take = nan_value && (!nan_best || index < at);
-    } else {
-        take = largest ? (value > best || (value == best && index < at))
-                       : (value < best || (value == best && index < at));
-    }
-    if (take) { best = value; at = index; }
-}
-
-template <int LANES>
-__device__ __forceinline__ void arg_fold_row(float& best, long long& at, bool largest,
-                                             long long* shared) {
-    constexpr int WIDTH = LANES < 32 ? LANES : 32;
-    for (int hop = 1; hop < WIDTH; hop <<= 1) {
-        const float other = __shfl_xor_sync(0xffffffffu, best, hop, WIDTH);
-        const long long where = __shfl_xor_sync(0xffffffffu, at, hop, WIDTH);
-        arg_pick(best, at, other, where, largest);
-    }
-    if (LANES > 32) {
-        float* values = reinterpret_cast<float*>(shared);
-        long long* indices = shared + 32;
-        const int first = (threadIdx.x / LANES) * (LANES / 32);
-        if (threadIdx.x % 32 == 0) {
-            values[threadIdx.x / 32] = best;
-            indices[threadIdx.x / 32] = at;
-        }
-        __syncthreads();
-        best = values[first];
-        at = indices[first];
-        for (int w = 1; w < LANES / 32; ++w) {
-            arg_pick(best, at, values[first + w], indices[first + w], largest);
-        }
-        __syncthreads();
-    }
-}
-
-// `value` folded over the LANES (> 1) lanes of a row when a block's ROWS rows take consecutive
-// threads (a row's lanes ROWS threads apart); every lane gets the result. `shared` holds a slot
-// a thread.
-template <int LANES, int ROWS, class T, class F>
-__device__ __forceinline__ T fold_rows_apart(T value, F combine, long long* shared) {
-    T* slots = reinterpret_cast<T*>(shared);
-    slots[threadIdx.x] = value;
-    __syncthreads();
-    const int row = threadIdx.x % ROWS;
-    value = slots[row];
-    for (int l = 1; l < LANES; ++l) { value = combine(value, slots[row + l * ROWS]); }
-    __syncthreads();
-    return value;
-}
-
-template <int LANES, int ROWS>
-__device__ __forceinline__ void arg_fold_rows_apart(float& best, long long& at, bool largest,
-                                                    long long* shared) {
-    float* values = reinterpret_cast<float*>(shared);
-    long long* indices = shared + LANES * ROWS;
-    values[threadIdx.x] = best;
-    indices[threadIdx.x] = at;
-    __syncthreads();
-    const int row = threadIdx.x % ROWS;
-    best = values[row];
-    at = indices[row];
-    for (int l = 1; l < LANES; ++l) {
-        arg_pick(best, at, values[row + l * ROWS], indices[row + l * ROWS], largest);
-    }
-    __syncthreads();
-}
-}  // extern "C++"
-"""
-
-
 def _c_type(slot: Slot) -> str:
     return "long long" if slot.dtype == torch.int64 else "float"
 
@@ -160,6 +54,7 @@ class CudaKernelWriter(CudaValues):
         # row's lanes, at most MAX_STEPS.
         self.steps = max(1, min(MAX_STEPS, schedule.block_columns // self.lanes))
         self.workspaces = workspace_slots(kernel, schedule)
+        self.cluster = schedule.cluster_blocks if self.splits > 1 else 0
 
     def workspace(self, reduction: Reduction, name: str) -> str:
         found = [j for j, slot in enumerate(self.workspaces)
@@ -243,7 +138,10 @@ class CudaKernelWriter(CudaValues):
         self.columns(group[0].size, list(group[0].loop), body)
         for reduction in group:
             self.fold(reduction, slots[reduction.index])
-            if self.splits > 1:
+        if self.cluster:
+            self.exchange(group, slots)
+        for reduction in group:
+            if self.workspaces:
                 self.store_partials(reduction, slots[reduction.index])
             else:
                 self.finish(reduction, slots[reduction.index])
@@ -290,6 +188,39 @@ class CudaKernelWriter(CudaValues):
             result = slot["total"]
         self.reduced[(id(node), reduction.coords)] = result
 
+    def exchange(self, group: list[Reduction], totals: dict[int, dict[str, str]]) -> None:
+        """Each block's totals of its share of the rows sent to every block of the cluster,
+        then, past the cluster's barrier, folded over the blocks in rank order (the same
+        order, so the same result, in every block)."""
+        row = "threadIdx.x % ROWS" if self.rows_apart else "threadIdx.x / LANES"
+        inboxes: dict[tuple[int, str], str] = {}
+        for reduction in group:
+            for each in slots(reduction):
+                inbox = self.name("inbox")
+                inboxes[(reduction.index, each.name)] = inbox
+                self.line(f"__shared__ {_c_type(each)} {inbox}[{self.rows_per_block} * CLUSTER];")
+                self.line(f"if (lane == 0) {{ send_to_cluster<CLUSTER>(&{inbox}[({row}) * "
+                          f"CLUSTER + blockIdx.y], {totals[reduction.index][each.name]}); }}")
+        self.line("cluster_barrier();")
+        for reduction in group:
+            slot = totals[reduction.index]
+
+            def sent(name: str, rank: str, index: int = reduction.index) -> str:
+                return f"{inboxes[(index, name)]}[({row}) * CLUSTER + {rank}]"
+
+            for name, total in slot.items():
+                self.line(f"{total} = {sent(name, '0')};")
+            self.line("for (int rank = 1; rank < CLUSTER; ++rank) {")
+            if reduction.node.kind in ("argmax", "argmin"):
+                self.line(f"    arg_pick({slot['best']}, {slot['at']}, {sent('best', 'rank')}, "
+                          f"{sent('at', 'rank')}, "
+                          f"{str(reduction.node.kind == 'argmax').lower()});")
+            else:
+                for name, total in slot.items():
+                    self.line(f"    {total} = {FUNCTOR[reduction.node.kind]}()({total}, "
+                              f"{sent(name, 'rank')});")
+            self.line("}")
+
     def store_partials(self, reduction: Reduction, slot: dict[str, str]) -> None:
         for each in slots(reduction):
             self.line(f"if (lane == 0 && row_ok) {{ {self.workspace(reduction, each.name)}"
@@ -326,6 +257,10 @@ class CudaKernelWriter(CudaValues):
         else:
             self.line("__shared__ long long fold_space[64];")
             self.line("const int lane = threadIdx.x % LANES;")
+        if self.cluster:
+            # Every block of the cluster started before any sends to its shared memory.
+            self.line(f"constexpr int CLUSTER = {self.cluster};")
+            self.line("cluster_barrier();")
         block = "(long long)blockIdx.x"
         strided = self.schedule.resident_per_sm > 0
         if strided:

@@ -8,8 +8,9 @@ from generators.compiler.launches import frame
 from generators.compiler.program import Program
 from generators.compiler.schedule import Schedule
 from generators.compiler.site import program_of
-from generators.cuda.compiled import FOLDS, CudaKernelWriter
+from generators.cuda.compiled import CudaKernelWriter
 from generators.cuda.expressions import HELPERS
+from generators.cuda.folds import CLUSTER_EXCHANGE, FOLDS
 from generators.site_graph import SiteGraph
 
 _SOURCE = '''"""Kiln rules kernel (cuda, compiled): {ops}. {schedule}."""
@@ -45,15 +46,18 @@ def write_cuda_program(program: Program, schedule: Schedule, ops: str) -> str:
         writer = CudaKernelWriter(launch.kernel, launch.schedule, launch.phase)
         body = writer.body()
         parameters = ",\n    ".join(writer.parameter_types())
-        kernels.append(f"__global__ void __launch_bounds__({writer.threads}) {launch.name}(\n"
-                       f"    {parameters})\n{{\n" + "\n".join(body) + "\n}\n")
+        cluster = f" __cluster_dims__(1, {writer.cluster}, 1)" if writer.cluster else ""
+        kernels.append(f"__global__ void __launch_bounds__({writer.threads}){cluster} "
+                       f"{launch.name}(\n    {parameters})\n{{\n" + "\n".join(body) + "\n}\n")
         signatures.append((launch.name, "P" * len(launch.arguments)))
         blocks = launch.grid_rows(writer.rows_per_block)
         launches.append(f"        self.kernels[{launch.name!r}](grid=({blocks}, {launch.splits}, "
                         f"1), block=({writer.threads}, 1, 1), args=("
                         f"{', '.join(launch.arguments)},))")
     return _SOURCE.format(
-        ops=ops, schedule=schedule.describe(), helpers=HELPERS + FOLDS,
+        ops=ops, schedule=schedule.describe(),
+        helpers=HELPERS + FOLDS + (CLUSTER_EXCHANGE if "cluster_barrier" in "".join(kernels)
+                                   else ""),
         kernels="\n".join(kernels), signatures=tuple(signatures),
         params=", ".join(forward.params),
         statements="\n".join(" " * 8 + s for s in forward.checks + forward.allocations),
@@ -64,3 +68,4 @@ def write_cuda_compiled(graph: SiteGraph, schedule: Schedule) -> str:
     """The rules' CUDA writer for any pointwise or reduction site the compiler plans."""
     return write_cuda_program(program_of(graph), schedule,
                               " → ".join(op.name for op in graph.ops))
+

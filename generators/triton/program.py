@@ -33,6 +33,9 @@ class ModelNew(nn.Module):
 def write_program(program: Program, schedule: Schedule, ops: str) -> str:
     """The candidate source; the largest kernel takes `schedule`, the others their first
     draft."""
+    if schedule.cluster_blocks:
+        raise Unsupported("thread-block clusters are the CUDA tier's: Triton kernels share a "
+                          "row's loops through split launches")
     forward = frame(program, schedule)
     kernels, launches = [], []
     for launch in forward.launches:

@@ -1,0 +1,138 @@
+"""Device code the compiler's CUDA kernels (`generators.cuda.compiled`) share: folds of a row's
+lanes, and the exchange of a row's partial results between the blocks of a cluster."""
+
+# Device code every compiled CUDA kernel shares: the folds over a row's lanes (templates, so
+# C++ linkage inside the source's `extern "C"`).
+FOLDS = r"""
+extern "C++" {
+struct Add { template <class T> __device__ T operator()(T a, T b) const { return a + b; } };
+struct Times { template <class T> __device__ T operator()(T a, T b) const { return a * b; } };
+struct NanMax { __device__ float operator()(float a, float b) const { return nan_max(a, b); } };
+struct NanMin { __device__ float operator()(float a, float b) const { return nan_min(a, b); } };
+
+// `value` folded over the LANES lanes of a row (consecutive threads); every lane gets the
+// result. Rows wider than a warp meet in `shared`, one slot a warp.
+template <int LANES, class T, class F>
+__device__ __forceinline__ T fold_row(T value, F combine, long long* shared) {
+    constexpr int WIDTH = LANES < 32 ? LANES : 32;
+    for (int hop = 1; hop < WIDTH; hop <<= 1) {
+        value = combine(value, __shfl_xor_sync(0xffffffffu, value, hop, WIDTH));
+    }
+    if (LANES > 32) {
+        T* slots = reinterpret_cast<T*>(shared);
+        const int first = (threadIdx.x / LANES) * (LANES / 32);
+        if (threadIdx.x % 32 == 0) { slots[threadIdx.x / 32] = value; }
+        __syncthreads();
+        value = slots[first];
+        for (int w = 1; w < LANES / 32; ++w) { value = combine(value, slots[first + w]); }
+        __syncthreads();
+    }
+    return value;
+}
+
+// The better of two (value, index) pairs: NaN first, then the larger (smaller), then the
+// earlier index, as torch.argmax (argmin) picks.
+__device__ __forceinline__ void arg_pick(float& best, long long& at, float value, long long index,
+                                         bool largest) {
+    const bool nan_best = best != best, nan_value = value != value;
+    bool take;
+    if (nan_best || nan_value) {
+        take = nan_value && (!nan_best || index < at);
+    } else {
+        take = largest ? (value > best || (value == best && index < at))
+                       : (value < best || (value == best && index < at));
+    }
+    if (take) { best = value; at = index; }
+}
+
+template <int LANES>
+__device__ __forceinline__ void arg_fold_row(float& best, long long& at, bool largest,
+                                             long long* shared) {
+    constexpr int WIDTH = LANES < 32 ? LANES : 32;
+    for (int hop = 1; hop < WIDTH; hop <<= 1) {
+        const float other = __shfl_xor_sync(0xffffffffu, best, hop, WIDTH);
+        const long long where = __shfl_xor_sync(0xffffffffu, at, hop, WIDTH);
+        arg_pick(best, at, other, where, largest);
+    }
+    if (LANES > 32) {
+        float* values = reinterpret_cast<float*>(shared);
+        long long* indices = shared + 32;
+        const int first = (threadIdx.x / LANES) * (LANES / 32);
+        if (threadIdx.x % 32 == 0) {
+            values[threadIdx.x / 32] = best;
+            indices[threadIdx.x / 32] = at;
+        }
+        __syncthreads();
+        best = values[first];
+        at = indices[first];
+        for (int w = 1; w < LANES / 32; ++w) {
+            arg_pick(best, at, values[first + w], indices[first + w], largest);
+        }
+        __syncthreads();
+    }
+}
+
+// `value` folded over the LANES (> 1) lanes of a row when a block's ROWS rows take consecutive
+// threads (a row's lanes ROWS threads apart); every lane gets the result. `shared` holds a slot
+// a thread.
+template <int LANES, int ROWS, class T, class F>
+__device__ __forceinline__ T fold_rows_apart(T value, F combine, long long* shared) {
+    T* slots = reinterpret_cast<T*>(shared);
+    slots[threadIdx.x] = value;
+    __syncthreads();
+    const int row = threadIdx.x % ROWS;
+    value = slots[row];
+    for (int l = 1; l < LANES; ++l) { value = combine(value, slots[row + l * ROWS]); }
+    __syncthreads();
+    return value;
+}
+
+template <int LANES, int ROWS>
+__device__ __forceinline__ void arg_fold_rows_apart(float& best, long long& at, bool largest,
+                                                    long long* shared) {
+    float* values = reinterpret_cast<float*>(shared);
+    long long* indices = shared + LANES * ROWS;
+    values[threadIdx.x] = best;
+    indices[threadIdx.x] = at;
+    __syncthreads();
+    const int row = threadIdx.x % ROWS;
+    best = values[row];
+    at = indices[row];
+    for (int l = 1; l < LANES; ++l) {
+        arg_pick(best, at, values[row + l * ROWS], indices[row + l * ROWS], largest);
+    }
+    __syncthreads();
+}
+}  // extern "C++"
+"""
+
+
+# Device code of kernels whose rows a thread-block cluster shares (sm_90): a value sent to one
+# slot of every block's shared memory, and the cluster's barrier, whose release and acquire make
+# the sends visible to every block past it.
+CLUSTER_EXCHANGE = r"""
+extern "C++" {
+__device__ __forceinline__ void store_remote(unsigned int at, float value) {
+    asm volatile("st.shared::cluster.f32 [%0], %1;" :: "r"(at), "f"(value) : "memory");
+}
+__device__ __forceinline__ void store_remote(unsigned int at, long long value) {
+    asm volatile("st.shared::cluster.s64 [%0], %1;" :: "r"(at), "l"(value) : "memory");
+}
+
+// `value` into `slot` in the shared memory of each of the cluster's CLUSTER blocks.
+template <int CLUSTER, class T>
+__device__ __forceinline__ void send_to_cluster(T* slot, T value) {
+    const unsigned int local = (unsigned int)__cvta_generic_to_shared(slot);
+    for (unsigned int to = 0; to < CLUSTER; ++to) {
+        unsigned int remote;
+        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(to));
+        store_remote(remote, value);
+    }
+}
+
+__device__ __forceinline__ void cluster_barrier() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\t"
+                 "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+}  // extern "C++"
+"""
