@@ -1,11 +1,13 @@
 """Knob ladders of the rules writers on a GPU, for the sites that sit near their targets: every
 setting judged by the evaluator and timed against eager, torch.compile and the floor.
 
-    python bench/ladder_bench.py [--workers 2] [--only norms,matmul,pointwise]
+    python bench/ladder_bench.py [--workers 2] [--only norms,rows,matmul,pointwise,dims]
 
-- norms: group norm + SiLU and batch norm (batch statistics), the cluster CUDA kernel at each
-  cluster size × threads (vector 4), its share held in shared memory or in registers, against
-  the Triton writers' drafts;
+- norms: group norm + SiLU, instance norm and batch norm (batch statistics), the cluster CUDA
+  kernel at each cluster size × threads (vector 4), its share held in shared memory or in
+  registers, against the Triton writers' drafts;
+- rows: an L2 norm over rows of 65535, the compiler's schedules in both tiers: a program a row,
+  a program per SM striding over the rows, and (CUDA) each row shared by a cluster of blocks;
 - matmul: linear + GELU 4096³ bf16 over tile shapes, warps, stages and GROUP_M;
 - pointwise: bias + GELU 8192² bf16 over block sizes and warps;
 - dims: sum over dim 1 of 64×2048×512 fp32 over tile shapes, warps and split reductions.
@@ -29,13 +31,16 @@ from bench.rules_generator_bench import CASES, floor_ms, problem_source  # noqa:
 from core.evaluate import EvalConfig, Evaluator  # noqa: E402
 from core.evaluate.site_baseline import time_site  # noqa: E402
 from core.evaluate.verdict import Verdict  # noqa: E402
+from generators.compiler.schedule import Schedule  # noqa: E402
 from generators.cuda.channel_norm import write_cuda_channel_norm  # noqa: E402
-from generators.cuda.cluster_shares import ClusterNormConfig
+from generators.cuda.cluster_shares import ClusterNormConfig  # noqa: E402
+from generators.cuda.program import write_cuda_compiled  # noqa: E402
 from generators.rules import WRITERS  # noqa: E402
 from generators.site_graph import SiteGraph, Unsupported, load_site_graph  # noqa: E402
 from generators.triton.dim_reduction import AUTO_SPLIT, DimConfig, write_dim_reduction  # noqa: E402
 from generators.triton.matmul import MatmulConfig, write_triton_matmul  # noqa: E402
 from generators.triton.pointwise import PointwiseConfig, write_pointwise  # noqa: E402
+from generators.triton.program import write_compiled  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,17 @@ def norm_settings(graph: SiteGraph) -> list[tuple[str, str]]:
     return plans
 
 
+def row_settings(graph: SiteGraph) -> list[tuple[str, str]]:
+    schedules = [(tier, Schedule(1, columns, warps, resident_per_sm=resident))
+                 for tier in ("triton", "cuda") for columns in (2048, 4096)
+                 for warps in (8, 16) for resident in (0, 1, 2)]
+    schedules += [("cuda", Schedule(1, columns, warps, cluster_blocks=blocks))
+                  for blocks in (2, 4, 8) for columns in (2048, 4096) for warps in (8, 16)]
+    write = {"triton": write_compiled, "cuda": write_cuda_compiled}
+    return [(f"{tier}: {schedule.describe()}", write[tier](graph, schedule))
+            for tier, schedule in schedules]
+
+
 def matmul_settings(graph: SiteGraph) -> list[tuple[str, str]]:
     shapes = [(128, 256, 64, 8, 3), (128, 256, 64, 8, 4), (128, 256, 64, 16, 3),
               (256, 128, 64, 8, 3), (256, 128, 64, 8, 4), (128, 128, 64, 4, 4),
@@ -96,7 +112,9 @@ def dim_settings(graph: SiteGraph) -> list[tuple[str, str]]:
 
 LADDERS = [
     Ladder("norms", "group_norm(32)", norm_settings),
+    Ladder("norms", "instance_norm", norm_settings),
     Ladder("norms", "batch_norm, batch statistics", norm_settings),
+    Ladder("rows", "l2 norm over rows", row_settings),
     Ladder("matmul", "linear + gelu", matmul_settings),
     Ladder("pointwise", "bias + gelu", pointwise_settings),
     Ladder("dims", "sum over dim 1", dim_settings),
@@ -119,8 +137,8 @@ def print_ranked(labelled: list[tuple[str, Verdict]], floor_ms: float, compile_m
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--only", default="norms,matmul,pointwise,dims",
-                        help="comma-separated groups: norms, matmul, pointwise, dims")
+    parser.add_argument("--only", default="norms,rows,matmul,pointwise,dims",
+                        help="comma-separated groups: norms, rows, matmul, pointwise, dims")
     args = parser.parse_args()
     groups = {part.strip() for part in args.only.split(",")}
     unknown = groups - {ladder.group for ladder in LADDERS}

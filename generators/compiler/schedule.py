@@ -120,7 +120,9 @@ def drafts(kernel: Kernel) -> list[tuple[Schedule, str]]:
                 and loop * 4 * peaks.sms <= peaks.l2_bytes):
             # One program a row puts hundreds of rows in flight, more than L2 holds: each row's
             # second walk went back to memory (bench/NOTES.md, 2026-12-06, 02:40-03:02 UTC).
-            # A row a SM is all L2 need hold, where rows are short enough for that.
+            # A row a SM is all L2 need hold, where rows are short enough for that; measured
+            # no faster than a program a row at 32768 rows of 65535 (same file, 05:10-05:37
+            # UTC), it stays a draft for the search to rank beside the CUDA tier's clusters.
             looped.insert(0, (Schedule(1, 4096, 16, resident_per_sm=1),
                               f"looped: rows of {loop} values, one 16-warp program per SM "
                               "striding over them, so that a row's second walk finds it in L2"))
