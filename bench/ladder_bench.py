@@ -7,7 +7,8 @@ setting judged by the evaluator and timed against eager, torch.compile and the f
   kernel at each cluster size × threads (vector 4), its share held in shared memory or in
   registers, against the Triton writers' drafts;
 - rows: an L2 norm over rows of 65535, the compiler's schedules in both tiers: a program a row,
-  a program per SM striding over the rows, and (CUDA) each row shared by a cluster of blocks;
+  a program per SM striding over the rows, and (CUDA) each row shared by a cluster of blocks,
+  its share kept in shared memory or read again;
 - matmul: linear + GELU 4096³ bf16 over tile shapes, warps, stages and GROUP_M;
 - pointwise: bias + GELU 8192² bf16 over block sizes and warps;
 - dims: sum over dim 1 of 64×2048×512 fp32 over tile shapes, warps and split reductions.
@@ -81,11 +82,17 @@ def row_settings(graph: SiteGraph) -> list[tuple[str, str]]:
     schedules = [(tier, Schedule(1, columns, warps, resident_per_sm=resident))
                  for tier in ("triton", "cuda") for columns in (2048, 4096)
                  for warps in (8, 16) for resident in (0, 1, 2)]
-    schedules += [("cuda", Schedule(1, columns, warps, cluster_blocks=blocks))
-                  for blocks in (2, 4, 8) for columns in (2048, 4096) for warps in (8, 16)]
+    schedules += [("cuda", Schedule(1, columns, warps, cluster_blocks=blocks, keep_row=keep))
+                  for blocks in (2, 4, 8) for columns in (2048, 4096) for warps in (8, 16)
+                  for keep in (False, True)]
     write = {"triton": write_compiled, "cuda": write_cuda_compiled}
-    return [(f"{tier}: {schedule.describe()}", write[tier](graph, schedule))
-            for tier, schedule in schedules]
+    plans = []
+    for tier, schedule in schedules:
+        try:
+            plans.append((f"{tier}: {schedule.describe()}", write[tier](graph, schedule)))
+        except Unsupported:
+            continue  # a share too large to keep in shared memory
+    return plans
 
 
 def matmul_settings(graph: SiteGraph) -> list[tuple[str, str]]:

@@ -51,6 +51,7 @@ LADDERS: dict[str, tuple[int | bool | str, ...]] = {
     # 0 (one program a block of rows) is the top rung: the most programs in flight.
     "resident_per_sm": (1, 2, 4, 0),
     "cluster_blocks": (2, 4, 8),
+    "keep_row": (False, True),
     # tf32 alone is no rung: it changes the answer, and is for runs that allow it.
     "precision": ("ieee", "tf32x3"),
 }
@@ -85,6 +86,8 @@ WHY_UP: dict[str, str] = {
                        "memory latency",
     "cluster_blocks": "more blocks of a cluster share each row: fewer rows in flight, so that a "
                       "row's second walk finds it in L2",
+    "keep_row": "a row's inputs kept in shared memory from its first walk: later walks read no "
+                "memory",
     "precision": "fp32 products as three tf32 tensor-core products: fp32's accuracy at several "
                  "times the speed of fp32 arithmetic",
 }
@@ -118,6 +121,7 @@ WHY_DOWN: dict[str, str] = {
                        "once, so that a row's second walk reads it there",
     "cluster_blocks": "fewer blocks of a cluster share each row: fewer partial results to "
                       "exchange, more rows under way at once",
+    "keep_row": "a row's walks read memory again: no shared memory a block, more blocks an SM",
     "precision": "exact fp32 products on the CUDA cores: no split operands held in registers",
 }
 
@@ -140,7 +144,7 @@ PREFERRED: dict[str, tuple[tuple[str, int], ...]] = {
     SPILLING: _FEWER_REGISTERS,
     REGISTER_LIMITED: _FEWER_REGISTERS,
     SHARED_LIMITED: (("num_stages", -1), ("block_k", -1), ("block_m", -1), ("block_n", -1),
-                     ("rows_per_block", -1), ("block_r", -1), ("held", 1)),
+                     ("rows_per_block", -1), ("block_r", -1), ("held", 1), ("keep_row", -1)),
     LATENCY_BOUND: (("block", 1), ("rows", 1), ("rows_per_block", 1), ("num_stages", 1),
                     ("persistent", 1), ("blocks_per_sm", 1), ("programs_per_sm", 1),
                     ("split", 1), ("num_warps", 1), ("threads", 1), ("block_i", 1),
@@ -150,7 +154,8 @@ PREFERRED: dict[str, tuple[tuple[str, int], ...]] = {
     UNCOALESCED: (("vector_bytes", 1), ("block_i", 1), ("block", 1)),
     COMPUTE_BOUND: (("block_m", 1), ("block_n", 1), ("num_warps", 1), ("threads", 1)),
     EXCESS_TRAFFIC: (("block_m", 1), ("block_n", 1), ("split", -1), ("rows_per_block", 1),
-                     ("splits", -1), ("resident_per_sm", -1), ("cluster_blocks", 1)),
+                     ("splits", -1), ("resident_per_sm", -1), ("cluster_blocks", 1),
+                     ("keep_row", 1)),
 }
 
 

@@ -38,9 +38,13 @@ TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 # Beyond each kernel's drafts: a few rows a block, each row split over three programs, and a
 # program per SM striding over the blocks (one program on the CPU, which counts one SM).
 FORCED = (Schedule(2, 8, 4), Schedule(1, 8, 4, splits=3), Schedule(2, 8, 4, resident_per_sm=1))
-# The CUDA tier's clusters on a GPU: a row shared by two blocks, and two rows a block shared by
-# four (the Triton tier and the CPU's stand-in for CUDA have no clusters).
-CLUSTERED = (Schedule(1, 8, 4, cluster_blocks=2), Schedule(2, 8, 4, cluster_blocks=4))
+# The CUDA tier's own: rows kept in shared memory between their walks (a row a block, two, and
+# two striding), and on a GPU clusters: a row shared by two blocks, two rows a block shared by
+# four with their inputs kept (the CPU's stand-in for CUDA runs no clusters).
+KEPT = (Schedule(1, 8, 4, keep_row=True), Schedule(2, 8, 4, keep_row=True),
+        Schedule(2, 8, 4, resident_per_sm=1, keep_row=True))
+CLUSTERED = (Schedule(1, 8, 4, cluster_blocks=2),
+             Schedule(2, 8, 4, cluster_blocks=4, keep_row=True))
 DTYPES = {"fp32": "torch.float32", "fp16": "torch.float16", "bf16": "torch.bfloat16"}
 
 
@@ -169,19 +173,17 @@ def write_problem(folder: Path, case: Case) -> tuple[Path, Program]:
     return problem, plan_program(lower_problem(problem))
 
 
-def schedules_of(program: Program, clusters: bool = False) -> list[Schedule]:
-    """The largest kernel's drafts, then the forced schedules (with `clusters`, the clustered
-    ones too)."""
+def schedules_of(program: Program, extra: tuple[Schedule, ...] = ()) -> list[Schedule]:
+    """The largest kernel's drafts, then the forced schedules and `extra` (a tier's own)."""
     main = max(program.steps, key=lambda step: step.kernel.row_count * step.kernel.column_count)
-    return [s for s, _ in drafts(main.kernel)] + list(FORCED) + list(CLUSTERED if clusters
-                                                                         else ())
+    return [s for s, _ in drafts(main.kernel)] + list(FORCED) + list(extra)
 
 
 Writer = Callable[[Program, Schedule, str], str]
 
 
 def check(folder: Path, case: Case, write: Writer, device: str = "cpu",
-          clusters: bool = False) -> None:
+          extra: tuple[Schedule, ...] = ()) -> None:
     """Each schedule's candidate for `case` (`schedules_of`) matches the problem's own Model on
     the same inputs, run on `device`."""
     problem, program = write_problem(folder, case)
@@ -190,7 +192,7 @@ def check(folder: Path, case: Case, write: Writer, device: str = "cpu",
     values = reference.get_inputs()
     expected = reference.Model()(*values)
     values = [v.to(device) for v in values]
-    for k, schedule in enumerate(schedules_of(program, clusters)):
+    for k, schedule in enumerate(schedules_of(program, extra)):
         path = folder / f"kernel_{k}.py"
         path.write_text(write(program, schedule, case.body))
         got = load_module(path, f"kernel_{folder.name}_{k}").ModelNew()(*values)

@@ -20,12 +20,13 @@ under which a missing barrier changes what threads read. A barrier or shuffle th
 thread reaches, a hang or undefined behaviour on the GPU, raises `KernelFault` naming where each
 thread waits.
 
-Not emulated: dynamic shared memory, atomics, clusters and inline PTX outside `__CUDA_ARCH__`
-guards (they fail to compile or to launch, with the reason); shuffles whose mask leaves out lanes
-of the warp. Memory accesses are not bounds-checked: an out-of-bounds access reads or writes the
-process's memory, or ends it. A kernel that loops forever without reaching a barrier (a thread
-spinning on memory another thread is to write, say) cannot be stopped; the process is ended
-after `timeout_s` so that a test run does not hang.
+Dynamic shared memory (`extern __shared__`) is a static of the most a sm_90 block may opt into,
+and a launch asking more fails, as on the GPU. Not emulated: atomics, clusters and inline PTX
+outside `__CUDA_ARCH__` guards (they fail to compile or to launch, with the reason); shuffles
+whose mask leaves out lanes of the warp. Memory accesses are not bounds-checked: an
+out-of-bounds access reads or writes the process's memory, or ends it. A kernel that loops
+forever without reaching a barrier (a thread spinning on memory another thread is to write, say)
+cannot be stopped; the process is ended after `timeout_s` so that a test run does not hang.
 """
 
 from __future__ import annotations
@@ -71,6 +72,11 @@ extern "C" __attribute__((visibility("default"))) const char* kiln_parameters_{n
 KERNEL = re.compile(r"__global__\s+(?:__launch_bounds__\s*\(\s*(\d*)[^)]*\)\s*)?void\s+"
                     r"(?:__launch_bounds__\s*\(\s*(\d*)[^)]*\)\s*)?(\w+)\s*\(")
 COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
+# `extern __shared__ [__align__(n)] type name[];`: the launch's dynamic shared memory.
+DYNAMIC_SHARED = re.compile(r"extern\s+__shared__\s+(__align__\s*\(\s*\d+\s*\)\s+)?"
+                            r"([A-Za-z_][\w ]*?)\s+(\w+)\s*\[\s*\]\s*;")
+# The most dynamic shared memory a sm_90 block may opt into (227 KB).
+DYNAMIC_SHARED_BYTES = 227 * 1024
 # pycuda's argument codes (struct's), as the size class the prelude's `code` gives a parameter.
 SIZE_CLASS = {"P": "P", "f": "f", "d": "d", "b": "b", "B": "b", "h": "h", "H": "h", "i": "i",
               "I": "i", "l": "q", "L": "q", "q": "q", "Q": "q"}
@@ -108,6 +114,9 @@ def compile_source(source: str) -> Library:
     """The source with the prelude and a launcher a kernel, as a loaded library (compiled once
     per text: in this process, and on disk across processes)."""
     bounds = kernels_of(source)
+    source = DYNAMIC_SHARED.sub(
+        lambda m: f"{m.group(1) or ''}__shared__ {m.group(2)} {m.group(3)}"
+                  f"[{DYNAMIC_SHARED_BYTES} / sizeof({m.group(2)})];", source)
     text = (PRELUDE + wrap_source(source) + '#line 1 "launchers.cpp"\n'
             + "".join(LAUNCHER.format(name=name) for name in bounds))
     key = hashlib.sha256("\0".join([*COMPILER, text]).encode()).hexdigest()
@@ -163,8 +172,9 @@ class Kernel:
         if self.max_threads is not None and threads > self.max_threads:
             raise ValueError(f"{self.name}: {threads} threads a block, past its "
                              f"__launch_bounds__({self.max_threads})")
-        if shared_mem:
-            raise NotImplementedError("dynamic shared memory is not emulated")
+        if shared_mem > DYNAMIC_SHARED_BYTES:
+            raise ValueError(f"{self.name}: {shared_mem} bytes of dynamic shared memory, more "
+                             f"than a sm_90 block may have ({DYNAMIC_SHARED_BYTES})")
         if len(args) != len(self.arg_types):
             raise TypeError(f"{self.name} takes {len(self.arg_types)} arguments, "
                             f"given {len(args)}")

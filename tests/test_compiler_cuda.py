@@ -1,7 +1,8 @@
 """The kernel compiler's CUDA backend: every case of `compiler_cases` under each schedule compiles
 for sm_90 with nvcc (one translation unit, so the whole set costs one compiler run), and matches
-PyTorch, run on the CPU by `tests.cuda_on_cpu` and on a GPU (there with thread-block clusters
-too, which the CPU's stand-in does not run)."""
+PyTorch, run on the CPU by `tests.cuda_on_cpu` and on a GPU, each also with its rows kept in
+shared memory, and on the GPU with thread-block clusters (which the CPU's stand-in does not
+run)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,16 @@ from generators.cuda.folds import CLUSTER_EXCHANGE, FOLDS
 from generators.cuda.program import write_cuda_program
 from generators.rules import RulesGenerator
 from generators.site_graph import Unsupported
-from tests.compiler_cases import ALL_CASES, Case, check, load_module, schedules_of, write_problem
+from tests.compiler_cases import (
+    ALL_CASES,
+    CLUSTERED,
+    KEPT,
+    Case,
+    check,
+    load_module,
+    schedules_of,
+    write_problem,
+)
 from tests.cuda_on_cpu import kernels_on_cpu
 
 # Scans in the CUDA tier are sums; a running product stays with the Triton tier.
@@ -30,7 +40,7 @@ def _kernels(folder: Path, n: int, case: Case) -> list[tuple[str, str]]:
     what it is."""
     _, program = write_problem(folder, case)
     found = []
-    for k, schedule in enumerate(schedules_of(program, clusters=True)):
+    for k, schedule in enumerate(schedules_of(program, KEPT + CLUSTERED)):
         path = folder / f"kernel_{k}.py"
         path.write_text(write_cuda_program(program, schedule, case.body))
         source = load_module(path, f"cuda_{folder.name}_{n}_{k}").SOURCE
@@ -91,13 +101,13 @@ def test_rows_side_by_side_in_memory_take_consecutive_threads(tmp_path):
 @pytest.mark.parametrize("case", CUDA_CASES, ids=[c.id for c in CUDA_CASES])
 def test_every_case_matches_pytorch_run_on_the_cpu(tmp_path, case):
     with kernels_on_cpu():
-        check(tmp_path / "site", case, write_cuda_program)
+        check(tmp_path / "site", case, write_cuda_program, extra=KEPT)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", CUDA_CASES, ids=[c.id for c in CUDA_CASES])
 def test_every_case_matches_pytorch_on_the_gpu(tmp_path, case):
-    check(tmp_path / "site", case, write_cuda_program, device="cuda", clusters=True)
+    check(tmp_path / "site", case, write_cuda_program, device="cuda", extra=KEPT + CLUSTERED)
 
 
 def test_a_compiled_triton_kernel_seeds_the_cuda_tier_at_its_schedule(tmp_path):

@@ -64,24 +64,38 @@ def test_the_search_moves_the_programs_per_sm_a_rung_at_a_time():
     assert "L2" in everyone[0].rationale
 
 
-@pytest.mark.parametrize(("body", "shape", "clustered"), [
-    (NORM, "(4096, 65535)", True),
-    # 1.5 MB rows, too long for a row on every SM, shared by eight SMs instead
-    ("torch.softmax(x, dim=-1)", "(512, 393216)", True),
-    (NORM, "(64, 65535)", False),  # 16 MB: L2 holds every row in flight already
-    ("x.sum(dim=-1)", "(4096, 65535)", False),  # one walk a row
-    ("torch.softmax(x, dim=-1)", "(65536, 4096)", False),  # rows held whole in registers
-    ("torch.cumsum(x, dim=-1)", "(4096, 65535)", False),  # a running total crosses the row
+SHARED_AND_KEPT = [(8, True), (8, False), (4, True), (4, False)]
+
+
+@pytest.mark.parametrize(("body", "shape", "cuda_only"), [
+    (NORM, "(4096, 65535)", SHARED_AND_KEPT),  # rows of 256 KB: too long for one block to keep
+    # 1.5 MB rows, too long for a row on every SM, shared by eight SMs instead; a quarter of
+    # one (384 KB) is more than a block's shared memory keeps
+    ("torch.softmax(x, dim=-1)", "(512, 393216)", [(8, True), (8, False), (4, False)]),
+    # 125 KB rows, kept whole by one block; 32 MB in all, which L2 holds
+    ("torch.log_softmax(x, dim=-1)", "(256, 32000)", [(0, True)]),
+    (NORM, "(64, 65535)", []),  # 16 MB: L2 holds every row in flight already
+    ("x.sum(dim=-1)", "(4096, 65535)", []),  # one walk a row
+    ("torch.softmax(x, dim=-1)", "(65536, 4096)", []),  # rows held whole in registers
+    ("torch.cumsum(x, dim=-1)", "(4096, 65535)", []),  # a running total crosses the row
 ])
-def test_the_cuda_tier_shares_long_rows_walked_twice_over_a_cluster(tmp_path, body, shape,
-                                                                      clustered):
+def test_the_cuda_tier_keeps_long_rows_on_chip_or_shares_them_over_a_cluster(
+        tmp_path, body, shape, cuda_only):
     problem = one_input_problem(tmp_path, body, f"torch.randn{shape}")
-    proposals = RulesGenerator().propose(problem, None, n=8, tiers=("cuda",)).children
-    shared = [p.settings["cluster_blocks"] for p in proposals
-              if p.settings.get("cluster_blocks")]
-    assert shared == ([8, 4] if clustered else []), [p.rationale for p in proposals]
+    proposals = RulesGenerator().propose(problem, None, n=12, tiers=("cuda",)).children
+    found = [(p.settings["cluster_blocks"], p.settings["keep_row"]) for p in proposals
+             if p.settings["writer"] == "write_cuda_compiled"
+             and (p.settings["cluster_blocks"] or p.settings["keep_row"])]
+    assert found == cuda_only, [p.rationale for p in proposals]
     triton = RulesGenerator().propose(problem, None, n=8).children
-    assert not any(p.settings.get("cluster_blocks") for p in triton)
+    assert not any(p.settings.get("cluster_blocks") or p.settings.get("keep_row")
+                   for p in triton)
+
+
+def test_a_row_too_long_for_shared_memory_is_declined_with_the_fix(tmp_path):
+    problem = one_input_problem(tmp_path, NORM, "torch.randn(4, 65535)")
+    with pytest.raises(Unsupported, match="256 KB a block, more than sm_90 has: share each row"):
+        write_cuda_compiled(load_site_graph(problem), Schedule(1, 4096, 16, keep_row=True))
 
 
 def test_a_clustered_candidate_exchanges_partial_results_in_one_launch(tmp_path):
@@ -92,7 +106,7 @@ def test_a_clustered_candidate_exchanges_partial_results_in_one_launch(tmp_path)
     # One barrier before any block sends, one for the norm's sum of squares; no workspace.
     assert source.count("cluster_barrier();") == 2 and "ws0" not in source
     assert "send_to_cluster<CLUSTER>" in source
-    with pytest.raises(Unsupported, match="clusters are the CUDA tier's"):
+    with pytest.raises(Unsupported, match="kept in shared memory are the CUDA tier's"):
         write_compiled(graph, Schedule(1, 4096, 16, cluster_blocks=8))
 
 

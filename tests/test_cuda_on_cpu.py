@@ -337,6 +337,26 @@ def test_a_launch_past_the_launch_bounds_is_refused():
         kernel(grid=(1, 1, 1), block=(256, 1, 1), args=(torch.zeros(1),))
 
 
+REVERSE = r"""
+extern __shared__ __align__(16) float staged[];
+__global__ void reverse(const float* x, float* out, int n) {
+    const int i = blockIdx.x * n + threadIdx.x;
+    staged[threadIdx.x] = x[i];
+    __syncthreads();
+    out[i] = staged[n - 1 - threadIdx.x];
+}
+"""
+
+
+def test_dynamic_shared_memory_holds_a_block_and_is_bounded_as_on_sm90():
+    x, out = torch.randn(3, 96), torch.empty(3, 96)
+    kernel = load_kernel(REVERSE, "reverse", "PPi")
+    kernel(grid=(3, 1, 1), block=(96, 1, 1), args=(x, out, 96), shared_mem=96 * 4)
+    assert torch.equal(out, x.flip(1))
+    with pytest.raises(ValueError, match="more than a sm_90 block may have"):
+        kernel(grid=(3, 1, 1), block=(96, 1, 1), args=(x, out, 96), shared_mem=228 * 1024)
+
+
 def test_a_kernel_that_never_ends_ends_the_process_after_the_timeout(tmp_path):
     script = textwrap.dedent("""
         import torch

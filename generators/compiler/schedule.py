@@ -15,7 +15,9 @@ is read the second time from L2, since only the rows in flight are ever in it. W
 row's loops in one launch: each folds its share, the blocks send their partial results to each
 other through distributed shared memory, and each goes on with the row's totals to its share of
 the outputs. A row is then read by several SMs at once and done soon after, so that far fewer
-rows are in flight than with a block a row, and a row's second walk finds it in L2.
+rows are in flight than with a block a row, and a row's second walk finds it in L2. With
+`keep_row` (CUDA), a block keeps its share of each row's inputs in shared memory from the first
+walk to the last, which then read no memory at all.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class Schedule:
     splits: int = 1  # programs sharing each row's loops
     resident_per_sm: int = 0  # programs per SM striding over the blocks; 0: one a block
     cluster_blocks: int = 0  # blocks of a cluster sharing each row's loops (CUDA); 0: none
+    keep_row: bool = False  # a row's inputs kept in shared memory between its walks (CUDA)
 
     def describe(self) -> str:
         return (f"{self.block_rows} row(s) x {self.block_columns} columns a block, "
@@ -54,7 +57,9 @@ class Schedule:
                 + (f", {self.resident_per_sm} program(s) per SM striding over the blocks"
                    if self.resident_per_sm else "")
                 + (f", each row shared by a cluster of {self.cluster_blocks} blocks"
-                   if self.cluster_blocks else ""))
+                   if self.cluster_blocks else "")
+                + (", each row's inputs kept in shared memory between its walks"
+                   if self.keep_row else ""))
 
     def fitted(self, kernel: Kernel) -> Schedule:
         """This schedule within the kernel's sizes: no more rows a block than the kernel has
@@ -63,10 +68,14 @@ class Schedule:
         row), in place of splits and of striding blocks."""
         rows = min(self.block_rows, _pow2(kernel.row_count))
         loop = max([r.size for r in kernel.reductions] + [kernel.column_count, 1])
+        keep = (self.keep_row and kernel.walks_rows_twice() and kernel.scan_dim is None
+                and not kernel.rows_contiguous())
         if self.cluster_blocks and kernel.reductions and kernel.scan_dim is None:
-            return replace(self, block_rows=rows, splits=1, resident_per_sm=0)
+            return replace(self, block_rows=rows, splits=1, resident_per_sm=0, keep_row=keep)
         splits = max(1, min(self.splits, -(-loop // self.block_columns)))
-        return replace(self, block_rows=rows, splits=splits, cluster_blocks=0)
+        # Split launches end a row's walk at each level: nothing to keep between them.
+        return replace(self, block_rows=rows, splits=splits, cluster_blocks=0,
+                       keep_row=keep and splits == 1)
 
     def persistent(self, kernel: Kernel) -> bool:
         """Every loop of a row fits in one block of columns, and one program does them."""
@@ -139,19 +148,32 @@ def drafts(kernel: Kernel) -> list[tuple[Schedule, str]]:
 # portably) of 512 threads leave about 4 blocks an SM, so some 66 rows in flight on 132 SMs;
 # each thread walks 8 columns a pass (4096 a block).
 CLUSTER_DRAFTS = ((8, 16), (4, 16))
+# The longest row one block keeps whole in shared memory: 227 KB of fp32 less a pass.
+KEPT_ROW = 227 * 1024 // 4 - 4096
 
 
-def cluster_drafts(kernel: Kernel) -> list[tuple[Schedule, str]]:
-    """Cluster schedules (the CUDA tier's) for looped kernels that walk rows twice over an input
-    larger than L2, whose rows in flight with a block a row do not fit in it."""
+def cuda_drafts(kernel: Kernel) -> list[tuple[Schedule, str]]:
+    """Schedules only the CUDA tier writes, for looped kernels that walk rows twice: each row
+    kept in shared memory between its walks, by one block where it fits, and (over an input
+    larger than L2, whose rows in flight with a block a row do not fit in it) each row shared
+    by a cluster of blocks, its inputs kept or read again from L2. A writer declines a share
+    too large for shared memory."""
     loop = max([r.size for r in kernel.reductions] + [kernel.column_count, 1])
-    peaks = GpuPeaks()
     if (kernel.scan_dim is not None or not kernel.walks_rows_twice()
-            or kernel.rows_contiguous() or loop <= MAX_PERSISTENT_COLUMNS
-            or math.prod(kernel.domain) * 4 <= peaks.l2_bytes):
+            or kernel.rows_contiguous() or loop <= MAX_PERSISTENT_COLUMNS):
         return []
-    return [(Schedule(1, 4096, warps, cluster_blocks=blocks),
-             f"rows of {loop} values, each shared by a cluster of {blocks} blocks of "
-             f"{32 * warps} threads that exchange their partial results, so that few rows are "
-             "in flight and a row's second walk finds it in L2")
-            for blocks, warps in CLUSTER_DRAFTS]
+    found = []
+    if loop <= KEPT_ROW:
+        found.append((Schedule(1, 4096, 16, keep_row=True),
+                      f"rows of {loop} values, each kept in a block's shared memory from its "
+                      "first walk to its last: one read of the inputs"))
+    if math.prod(kernel.domain) * 4 > GpuPeaks().l2_bytes:
+        for blocks, warps in CLUSTER_DRAFTS:
+            shared = (f"rows of {loop} values, each shared by a cluster of {blocks} blocks of "
+                      f"{32 * warps} threads that exchange their partial results")
+            found += [(Schedule(1, 4096, warps, cluster_blocks=blocks, keep_row=True),
+                       f"{shared}, each block's share kept in its shared memory"),
+                      (Schedule(1, 4096, warps, cluster_blocks=blocks),
+                       f"{shared}: few rows in flight, so that a row's second walk finds it "
+                       "in L2")]
+    return found

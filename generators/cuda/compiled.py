@@ -18,7 +18,9 @@ from collections.abc import Callable
 
 import torch
 
+from generators.compiler.emit import Coords
 from generators.compiler.index import Expr, substitute
+from generators.compiler.ir import Input
 from generators.compiler.launches import Slot, levels_of, slots, workspace_slots
 from generators.compiler.plan import Kernel, Reduction
 from generators.compiler.schedule import Schedule
@@ -55,6 +57,15 @@ class CudaKernelWriter(CudaValues):
         self.steps = max(1, min(MAX_STEPS, schedule.block_columns // self.lanes))
         self.workspaces = workspace_slots(kernel, schedule)
         self.cluster = schedule.cluster_blocks if self.splits > 1 else 0
+        # Rows kept: each lane's values of the full-shape inputs, from the first walk that
+        # loads them to the last, in shared memory (a slot a lane a column it walks, so that
+        # only the lane that wrote a value reads it: no barrier between walks).
+        self.keep = schedule.keep_row and not self.rows_apart and not self.workspaces
+        share, passes = -(-kernel.column_count // self.splits), self.steps * self.lanes
+        self.kept_columns = -(-share // passes) * passes  # a row's share, in whole passes
+        self.kept: dict[int, int] = {}  # input index -> its slot in `kept`
+        self.kept_before: set[int] = set()  # inputs an earlier walk stored
+        self.position: str | None = None  # the walk's place in a kept row, inside a kept walk
 
     def workspace(self, reduction: Reduction, name: str) -> str:
         found = [j for j, slot in enumerate(self.workspaces)
@@ -95,7 +106,14 @@ class CudaKernelWriter(CudaValues):
         clamped = self.let(f"{inside} ? {column} : {end} - 1", "c", "index")
         self.masks.update(column=inside, both=inside)
         self.counters(clamped, symbols)
+        kept_walk = self.keep and tuple(symbols) == tuple(
+            self.kernel.symbols[d] for d in self.kernel.columns)
+        if kept_walk:
+            self.position = (f"(threadIdx.x / LANES) * {self.kept_columns} + {column} - "
+                             f"{start}")
         body()
+        self.position = None
+        self.kept_before |= set(self.kept)
         for text in self.after:
             self.line(text)
         self.depth -= 1
@@ -103,6 +121,27 @@ class CudaKernelWriter(CudaValues):
         self.line("}")
         self.lines[insert_at:insert_at] = ["    " * self.depth + c for c in self.carries]
         self.memo = saved_memo
+
+    def load(self, value: Input, coords: Coords) -> str:
+        """A full-shape input's value in a kept walk: loaded and kept in shared memory by the
+        first walk that reads it, read from there by the later ones."""
+        natural = tuple(Expr.of(symbol) for symbol in self.kernel.symbols)
+        if (self.position is None or tuple(value.shape) != tuple(self.kernel.domain)
+                or coords != natural
+                or not (value.dtype.is_floating_point or value.dtype == torch.bool)):
+            return super().load(value, coords)
+        slot = self.kept.setdefault(value.index, len(self.kept))
+        at = f"kept[{slot * self.rows_per_block * self.kept_columns} + {self.position}]"
+        if value.index in self.kept_before:
+            return self.let(at, "x")
+        loaded = super().load(value, coords)
+        self.line(f"{at} = {loaded};")
+        return loaded
+
+    @property
+    def kept_bytes(self) -> int:
+        """The dynamic shared memory a block's kept rows take."""
+        return 4 * len(self.kept) * self.rows_per_block * self.kept_columns
 
     def accumulators(self, reduction: Reduction) -> dict[str, str]:
         slot = {}
@@ -257,6 +296,8 @@ class CudaKernelWriter(CudaValues):
         else:
             self.line("__shared__ long long fold_space[64];")
             self.line("const int lane = threadIdx.x % LANES;")
+        if self.keep:
+            self.line("extern __shared__ __align__(16) float kept[];")
         if self.cluster:
             # Every block of the cluster started before any sends to its shared memory.
             self.line(f"constexpr int CLUSTER = {self.cluster};")

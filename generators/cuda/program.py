@@ -8,10 +8,11 @@ from generators.compiler.launches import frame
 from generators.compiler.program import Program
 from generators.compiler.schedule import Schedule
 from generators.compiler.site import program_of
+from generators.cuda.cluster_shares import SHARED_LIMIT
 from generators.cuda.compiled import CudaKernelWriter
 from generators.cuda.expressions import HELPERS
 from generators.cuda.folds import CLUSTER_EXCHANGE, FOLDS
-from generators.site_graph import SiteGraph
+from generators.site_graph import SiteGraph, Unsupported
 
 _SOURCE = '''"""Kiln rules kernel (cuda, compiled): {ops}. {schedule}."""
 
@@ -45,15 +46,19 @@ def write_cuda_program(program: Program, schedule: Schedule, ops: str) -> str:
     for launch in forward.launches:
         writer = CudaKernelWriter(launch.kernel, launch.schedule, launch.phase)
         body = writer.body()
+        if writer.kept_bytes > SHARED_LIMIT:
+            raise Unsupported(f"rows kept in shared memory take {writer.kept_bytes // 1024} KB "
+                              f"a block, more than sm_90 has: share each row among more blocks")
         parameters = ",\n    ".join(writer.parameter_types())
         cluster = f" __cluster_dims__(1, {writer.cluster}, 1)" if writer.cluster else ""
         kernels.append(f"__global__ void __launch_bounds__({writer.threads}){cluster} "
                        f"{launch.name}(\n    {parameters})\n{{\n" + "\n".join(body) + "\n}\n")
         signatures.append((launch.name, "P" * len(launch.arguments)))
         blocks = launch.grid_rows(writer.rows_per_block)
+        shared = f", shared_mem={writer.kept_bytes}" if writer.kept_bytes else ""
         launches.append(f"        self.kernels[{launch.name!r}](grid=({blocks}, {launch.splits}, "
                         f"1), block=({writer.threads}, 1, 1), args=("
-                        f"{', '.join(launch.arguments)},))")
+                        f"{', '.join(launch.arguments)},){shared})")
     return _SOURCE.format(
         ops=ops, schedule=schedule.describe(),
         helpers=HELPERS + FOLDS + (CLUSTER_EXCHANGE if "cluster_barrier" in "".join(kernels)
