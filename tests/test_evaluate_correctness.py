@@ -187,6 +187,17 @@ def test_identical_outputs_are_recognised_for_cache_detection():
     assert fingerprint(torch.tensor([1.0, 2.0])) != fingerprint(torch.tensor([2.0, 1.0]))
 
 
+def test_a_fingerprint_taken_in_smaller_parts_is_the_same(monkeypatch):
+    # Several of a comparison's pieces, of an odd length: parts of 1000 cut through each.
+    x = torch.randn(2_500_017)
+    whole = fingerprint(x)
+    monkeypatch.setattr(correctness, "FINGERPRINT_PART", 1000)
+    assert fingerprint(x) == whole
+    changed = x.clone()
+    changed[2_500_000] = changed[2_500_000] + 1.0
+    assert fingerprint(changed) != whole
+
+
 @pytest.fixture
 def small_pieces(monkeypatch):
     """Comparisons walk tensors 7 elements at a time, so that small tensors span many pieces."""
