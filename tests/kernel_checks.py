@@ -65,12 +65,12 @@ def first_draft(path: Path, n: int = 2) -> Proposal:
     return drafts[0]
 
 
-def one_input_problem(folder: Path, body: str, inputs: str) -> Path:
-    """`folder/problem.py`: a KernelBench problem whose Model returns `body` of its input `x`,
-    drawn by the expression `inputs`."""
+def one_input_problem(folder: Path, body: str, inputs: str, params: str = "x") -> Path:
+    """`folder/problem.py`: a KernelBench problem whose Model returns `body` of its input `x`
+    (or of the inputs `params` names), drawn by the expression(s) `inputs`."""
     path = folder / "problem.py"
     path.write_text("import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
-                    f"    def forward(self, x):\n        return {body}\n\n\n"
+                    f"    def forward(self, {params}):\n        return {body}\n\n\n"
                     f"def get_inputs():\n    return [{inputs}]\n\n\n"
                     "def get_init_inputs():\n    return []\n")
     return path

@@ -12,6 +12,7 @@ from core.evaluate import EvalConfig, evaluate
 from generators.rules import RulesGenerator
 from generators.site_graph import Unsupported, load_site_graph
 from generators.triton.group_norm import GroupNormConfig, write_group_norm
+from tests.kernel_checks import one_input_problem
 from tests.test_generator_pointwise import check
 
 F = "torch.nn.functional"
@@ -112,13 +113,8 @@ def test_sites_it_cannot_handle_say_why(tmp_path):
 
 
 def test_instance_norm_from_running_statistics_is_left_to_the_pointwise_kernel(tmp_path):
-    path = tmp_path / "problem.py"
-    path.write_text(
-        "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
-        "    def forward(self, x, m, v):\n"
-        "        return torch.nn.functional.instance_norm(x, m, v, use_input_stats=False)\n\n\n"
-        "def get_inputs():\n    return [torch.randn(2, 3, 5), torch.randn(3), torch.rand(3)]\n\n\n"
-        "def get_init_inputs():\n    return []\n")
+    path = one_input_problem(tmp_path, f"{F}.instance_norm(x, m, v, use_input_stats=False)",
+                             "torch.randn(2, 3, 5), torch.randn(3), torch.rand(3)", "x, m, v")
     with pytest.raises(Unsupported, match="instance_norm from running statistics is elementwise"):
         write_group_norm(load_site_graph(path), GroupNormConfig())
 

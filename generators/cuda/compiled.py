@@ -250,15 +250,20 @@ class CudaKernelWriter(CudaValues):
             for name, total in slot.items():
                 self.line(f"{total} = {sent(name, '0')};")
             self.line("for (int rank = 1; rank < CLUSTER; ++rank) {")
-            if reduction.node.kind in ("argmax", "argmin"):
-                self.line(f"    arg_pick({slot['best']}, {slot['at']}, {sent('best', 'rank')}, "
-                          f"{sent('at', 'rank')}, "
-                          f"{str(reduction.node.kind == 'argmax').lower()});")
-            else:
-                for name, total in slot.items():
-                    self.line(f"    {total} = {FUNCTOR[reduction.node.kind]}()({total}, "
-                              f"{sent(name, 'rank')});")
+            self.fold_in(reduction, slot, lambda name, sent=sent: sent(name, "rank"))
             self.line("}")
+
+    def fold_in(self, reduction: Reduction, slot: dict[str, str],
+                partial: Callable[[str], str]) -> None:
+        """A loop body's lines folding into the accumulators `slot` the partial results
+        `partial(name)` reads, as the accumulators were folded."""
+        kind = reduction.node.kind
+        if kind in ("argmax", "argmin"):
+            self.line(f"    arg_pick({slot['best']}, {slot['at']}, {partial('best')}, "
+                      f"{partial('at')}, {str(kind == 'argmax').lower()});")
+            return
+        for name, total in slot.items():
+            self.line(f"    {total} = {FUNCTOR[kind]}()({total}, {partial(name)});")
 
     def store_partials(self, reduction: Reduction, slot: dict[str, str]) -> None:
         for each in slots(reduction):
@@ -267,19 +272,10 @@ class CudaKernelWriter(CudaValues):
 
     def combine(self, reduction: Reduction) -> None:
         """A reduction of an earlier launch: its partial results, folded over the splits."""
-        kind = reduction.node.kind
         slot = self.accumulators(reduction)
         self.line(f"for (int part = lane; part < {self.splits}; part += LANES) {{")
-        at = f"row * {self.splits} + part"
-        if kind in ("argmax", "argmin"):
-            self.line(f"    arg_pick({slot['best']}, {slot['at']}, "
-                      f"{self.workspace(reduction, 'best')}[{at}], "
-                      f"{self.workspace(reduction, 'at')}[{at}], "
-                      f"{str(kind == 'argmax').lower()});")
-        else:
-            for name, total in slot.items():
-                self.line(f"    {total} = {FUNCTOR[kind]}()({total}, "
-                          f"{self.workspace(reduction, name)}[{at}]);")
+        self.fold_in(reduction, slot, lambda name: f"{self.workspace(reduction, name)}"
+                                                   f"[row * {self.splits} + part]")
         self.line("}")
         self.fold(reduction, slot)
         self.finish(reduction, slot)
