@@ -141,7 +141,9 @@ class OptimizeRun:
             else None
         search = SiteSearch(math.inf, site.cost.floor_ms, propose, evaluate, record,
                             self.config.search, repairable)
-        run = SiteRun(site, site_id, search, ("triton",))
+        # Triton first where the run has it; a run of the CUDA tier alone starts there.
+        first = ("triton",) if "triton" in self.config.tiers else tuple(self.config.tiers)
+        run = SiteRun(site, site_id, search, first)
         holder["run"] = run
         return run
 
