@@ -185,16 +185,23 @@ Writer = Callable[[Program, Schedule, str], str]
 def check(folder: Path, case: Case, write: Writer, device: str = "cpu",
           extra: tuple[Schedule, ...] = ()) -> None:
     """Each schedule's candidate for `case` (`schedules_of`) matches the problem's own Model on
-    the same inputs, run on `device`."""
+    the same inputs, run on `device`; a schedule the case's kernels cannot take (a cluster for
+    an elementwise kernel, say) writes a candidate already checked, which is not run twice."""
     problem, program = write_problem(folder, case)
     reference = load_module(problem, f"problem_{folder.name}")
     torch.manual_seed(0)
     values = reference.get_inputs()
     expected = reference.Model()(*values)
     values = [v.to(device) for v in values]
+    checked: set[str] = set()
     for k, schedule in enumerate(schedules_of(program, extra)):
+        source = write(program, schedule, case.body)
+        kernels = source.split("\n", 1)[1]  # past the docstring's line, which names the schedule
+        if kernels in checked:
+            continue
+        checked.add(kernels)
         path = folder / f"kernel_{k}.py"
-        path.write_text(write(program, schedule, case.body))
+        path.write_text(source)
         got = load_module(path, f"kernel_{folder.name}_{k}").ModelNew()(*values)
         pairs = (zip(got, expected, strict=True) if isinstance(expected, tuple)
                  else [(got, expected)])
