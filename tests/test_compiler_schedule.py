@@ -128,3 +128,16 @@ def test_the_search_moves_the_cluster_a_rung_at_a_time():
     steps = [s for s in neighbours(Schedule(cluster_blocks=8)) if s.knob == "cluster_blocks"]
     assert [s.settings.cluster_blocks for s in steps] == [4]
     assert not [s for s in neighbours(Schedule()) if s.knob == "cluster_blocks"]
+
+
+def test_settings_a_kernel_cannot_take_write_the_source_without_them(tmp_path):
+    # An elementwise kernel has no row to keep nor loops to share, so the generator's
+    # "proposed before" finds these children (their header names the schedule as fitted).
+    problem = one_input_problem(tmp_path, "x * 2.0 + 1.0", "torch.randn(64, 300)")
+    graph = load_site_graph(problem)
+    plain = write_cuda_compiled(graph, Schedule())
+    assert write_cuda_compiled(graph, Schedule(keep_row=True)) == plain
+    assert write_cuda_compiled(graph, Schedule(cluster_blocks=4)) == plain
+    norm = one_input_problem(tmp_path, NORM, "torch.randn(64, 300)")
+    kept = write_cuda_compiled(load_site_graph(norm), Schedule(keep_row=True))
+    assert "kept in shared memory" in kept.split("\n")[0] and "kept[" in kept

@@ -89,6 +89,10 @@ class Frame:
     allocations: list[str]
     launches: list[Launch]
     returns: list[str]
+    # The schedule the largest kernel runs: the one asked for, fitted to the kernel. A candidate
+    # names this one, so that settings its kernels cannot take write the same source as
+    # without them, which the generator knows it proposed before.
+    schedule: Schedule
 
 
 def main_step(program: Program) -> int:
@@ -136,7 +140,8 @@ def frame(program: Program, schedule: Schedule) -> Frame:
                       f"\"the kernel was written for {name} of shape {shape} and strides "
                       f"{stride}\"")
     returns = outputs if program.steps[-1].kernel.graph.returns_tuple else outputs[:1]
-    return Frame([f"in{v.index}" for v in first], checks, allocations, launches, returns)
+    return Frame([f"in{v.index}" for v in first], checks, allocations, launches, returns,
+                 schedule.fitted(program.steps[main].kernel))
 
 
 def kernel_parameters(kernel: Kernel, workspaces: int) -> list[str]:

@@ -60,7 +60,7 @@ def write_cuda_program(program: Program, schedule: Schedule, ops: str) -> str:
                         f"1), block=({writer.threads}, 1, 1), args=("
                         f"{', '.join(launch.arguments)},){shared})")
     return _SOURCE.format(
-        ops=ops, schedule=schedule.describe(),
+        ops=ops, schedule=forward.schedule.describe(),
         helpers=HELPERS + FOLDS + (CLUSTER_EXCHANGE if "cluster_barrier" in "".join(kernels)
                                    else ""),
         kernels="\n".join(kernels), signatures=tuple(signatures),

@@ -58,7 +58,8 @@ def write_program(program: Program, schedule: Schedule, ops: str) -> str:
     source = with_jit_helpers("import triton.language as tl\n" + "\n\n".join(kernels))
     source = source.removeprefix("import triton.language as tl\n")
     return _SOURCE.format(
-        ops=ops, schedule=schedule.describe(), helpers=PROD_HELPER if "_times" in source else "",
+        ops=ops, schedule=forward.schedule.describe(),
+        helpers=PROD_HELPER if "_times" in source else "",
         kernels=source, params=", ".join(forward.params),
         statements="\n".join(" " * 8 + s for s in forward.checks + forward.allocations),
         launches="\n".join(launches), returns=", ".join(forward.returns))
