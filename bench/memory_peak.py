@@ -100,4 +100,3 @@ class PeakRecorder:
 
     def peak(self) -> Peak:
         return peak_of(self.profiler, self.device_type)
-

@@ -67,13 +67,12 @@ def test_each_verdict_is_a_line_with_its_reason(tmp_path):
     judged = [c for c in candidates if c.verdict]
     assert len(lines) == len(judged) and len(judged) < len(candidates)  # pending: no line
     (mismatch,) = [line for line in lines if line.startswith(f"{filled.mismatch} ")]
-    verdict = next(c.verdict for c in judged if c.id == filled.mismatch)
-    judged_mismatch = next(c for c in judged if c.id == filled.mismatch)
-    origin = (f"from {judged_mismatch.summary.parent_id}" if judged_mismatch.summary.parent_id
-              is not None else "draft")
+    wrong = next(c for c in judged if c.id == filled.mismatch)
+    verdict, summary = wrong.verdict, wrong.summary
+    origin = f"from {summary.parent_id}" if summary.parent_id is not None else "draft"
     assert mismatch == (f"{filled.mismatch} triton {verdict['reason_code']}: "
                         f"{' '.join(verdict['reason'].split())} · {origin}: "
-                        f"{' '.join(judged_mismatch.summary.rationale.split())}")
+                        f"{' '.join(summary.rationale.split())}")
     (faster,) = [line for line in lines if line.startswith(f"{filled.faster} ")]
     assert faster.startswith(f"{filled.faster} triton accepted: 0.5 ms"), faster
 

@@ -141,7 +141,7 @@ def frame(program: Program, schedule: Schedule) -> Frame:
                       f"{stride}\"")
     returns = outputs if program.steps[-1].kernel.graph.returns_tuple else outputs[:1]
     return Frame([f"in{v.index}" for v in first], checks, allocations, launches, returns,
-                 schedule.fitted(program.steps[main].kernel))
+                 next(launch.schedule for launch in launches if launch.step == main))
 
 
 def kernel_parameters(kernel: Kernel, workspaces: int) -> list[str]:

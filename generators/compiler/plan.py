@@ -94,6 +94,11 @@ class Kernel:
         return len(levels) > 1 or bool(self.reductions and self.full)
 
     @property
+    def longest_loop(self) -> int:
+        """The most values a row's loops walk: its reductions' and its columns'."""
+        return max([r.size for r in self.reductions] + [self.column_count, 1])
+
+    @property
     def row_count(self) -> int:
         return math.prod(self.domain[d] for d in self.rows)
 

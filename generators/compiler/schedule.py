@@ -67,7 +67,7 @@ class Schedule:
         shares the loops of a reduction kernel's rows (not a scan's, whose total crosses the
         row), in place of splits and of striding blocks."""
         rows = min(self.block_rows, _pow2(kernel.row_count))
-        loop = max([r.size for r in kernel.reductions] + [kernel.column_count, 1])
+        loop = kernel.longest_loop
         keep = (self.keep_row and kernel.walks_rows_twice() and kernel.scan_dim is None
                 and not kernel.rows_contiguous())
         if self.cluster_blocks and kernel.reductions and kernel.scan_dim is None:
@@ -79,8 +79,7 @@ class Schedule:
 
     def persistent(self, kernel: Kernel) -> bool:
         """Every loop of a row fits in one block of columns, and one program does them."""
-        loops = [r.size for r in kernel.reductions] + [kernel.column_count]
-        return max(loops) <= self.block_columns and self.split_count(kernel) == 1
+        return kernel.longest_loop <= self.block_columns and self.split_count(kernel) == 1
 
     def split_count(self, kernel: Kernel) -> int:
         """Programs sharing a row: the schedule's splits for reductions (one for scans, whose
@@ -98,7 +97,7 @@ def _pow2(n: int) -> int:
 
 def drafts(kernel: Kernel) -> list[tuple[Schedule, str]]:
     """First schedules to try, from the kernel's shape, each with why."""
-    loop = max([r.size for r in kernel.reductions] + [kernel.column_count, 1])
+    loop = kernel.longest_loop
     rows = kernel.row_count
     if not kernel.reductions and kernel.scan_dim is None:
         return [(Schedule(1, 1024, 4), "elementwise: 1024 elements a program, 4 warps"),
@@ -158,7 +157,7 @@ def cuda_drafts(kernel: Kernel) -> list[tuple[Schedule, str]]:
     larger than L2, whose rows in flight with a block a row do not fit in it) each row shared
     by a cluster of blocks, its inputs kept or read again from L2. A writer declines a share
     too large for shared memory."""
-    loop = max([r.size for r in kernel.reductions] + [kernel.column_count, 1])
+    loop = kernel.longest_loop
     if (kernel.scan_dim is not None or not kernel.walks_rows_twice()
             or kernel.rows_contiguous() or loop <= MAX_PERSISTENT_COLUMNS):
         return []

@@ -56,11 +56,14 @@ class CudaKernelWriter(CudaValues):
         # row's lanes, at most MAX_STEPS.
         self.steps = max(1, min(MAX_STEPS, schedule.block_columns // self.lanes))
         self.workspaces = workspace_slots(kernel, schedule)
-        self.cluster = schedule.cluster_blocks if self.splits > 1 else 0
+        # The schedule comes fitted to the kernel (`launches.frame`): a cluster only where a
+        # reduction's loops are shared, rows kept only where rows lie apart and no split launch
+        # ends a walk.
+        self.cluster = schedule.cluster_blocks
         # Rows kept: each lane's values of the full-shape inputs, from the first walk that
         # loads them to the last, in shared memory (a slot a lane a column it walks, so that
         # only the lane that wrote a value reads it: no barrier between walks).
-        self.keep = schedule.keep_row and not self.rows_apart and not self.workspaces
+        self.keep = schedule.keep_row
         share, passes = -(-kernel.column_count // self.splits), self.steps * self.lanes
         self.kept_columns = -(-share // passes) * passes  # a row's share, in whole passes
         self.kept: dict[int, int] = {}  # input index -> its slot in `kept`

@@ -42,7 +42,7 @@ def write_cuda_program(program: Program, schedule: Schedule, ops: str) -> str:
     """The candidate source; the largest kernel takes `schedule`, the others their first
     draft."""
     forward = frame(program, schedule)
-    kernels, launches, signatures = [], [], []
+    kernels, launches, signatures, clustered = [], [], [], False
     for launch in forward.launches:
         writer = CudaKernelWriter(launch.kernel, launch.schedule, launch.phase)
         body = writer.body()
@@ -50,6 +50,7 @@ def write_cuda_program(program: Program, schedule: Schedule, ops: str) -> str:
             raise Unsupported(f"rows kept in shared memory take {writer.kept_bytes // 1024} KB "
                               f"a block, more than sm_90 has: share each row among more blocks")
         parameters = ",\n    ".join(writer.parameter_types())
+        clustered = clustered or bool(writer.cluster)
         cluster = f" __cluster_dims__(1, {writer.cluster}, 1)" if writer.cluster else ""
         kernels.append(f"__global__ void __launch_bounds__({writer.threads}){cluster} "
                        f"{launch.name}(\n    {parameters})\n{{\n" + "\n".join(body) + "\n}\n")
@@ -61,8 +62,7 @@ def write_cuda_program(program: Program, schedule: Schedule, ops: str) -> str:
                         f"{', '.join(launch.arguments)},){shared})")
     return _SOURCE.format(
         ops=ops, schedule=forward.schedule.describe(),
-        helpers=HELPERS + FOLDS + (CLUSTER_EXCHANGE if "cluster_barrier" in "".join(kernels)
-                                   else ""),
+        helpers=HELPERS + FOLDS + (CLUSTER_EXCHANGE if clustered else ""),
         kernels="\n".join(kernels), signatures=tuple(signatures),
         params=", ".join(forward.params),
         statements="\n".join(" " * 8 + s for s in forward.checks + forward.allocations),
@@ -73,4 +73,3 @@ def write_cuda_compiled(graph: SiteGraph, schedule: Schedule) -> str:
     """The rules' CUDA writer for any pointwise or reduction site the compiler plans."""
     return write_cuda_program(program_of(graph), schedule,
                               " → ".join(op.name for op in graph.ops))
-
