@@ -349,6 +349,19 @@ class RulesGenerator:
         """A source proposed before (in an earlier, interrupted run): never propose it again."""
         self._seen.setdefault(problem.resolve(), set()).add(source_digest(source))
 
+    def _seeds(self, graph: SiteGraph, parent: Parent | None, writers: list[Writer]
+               ) -> list[tuple[Writer, object, str]]:
+        """The writers' drafts, after the parent's settings written by a writer that follows
+        its writer (a compiled Triton kernel's schedule, in CUDA)."""
+        candidates = [(w, s, why) for w in writers for s, why in w.drafts(graph)]
+        if parent is not None:
+            candidates = [(w, s, "the parent's settings, written in this tier")
+                          for w in writers
+                          if (s := w.carried(parent.proposal)) is not None] + candidates
+        if self.allow_tf32:
+            candidates = [twin for c in candidates for twin in with_tf32(*c)]
+        return candidates
+
     def propose(self, problem: Path, parent: Parent | None, n: int,
                 tiers: tuple[str, ...] = ("triton",)) -> Proposals:
         try:
@@ -369,16 +382,14 @@ class RulesGenerator:
                           for step in diagnosed_neighbours(settings, diagnosis)]
             if self.allow_tf32 and getattr(settings, "precision", "tf32") != "tf32":
                 candidates.insert(0, (writer, replace(settings, precision="tf32"), TF32_WHY))
+            # A tier opened after the parent's (CUDA beside Triton): its seeds and drafts first,
+            # hung under this kernel, then the parent's own neighbours.
+            others = [w for w in writers if w.tier != writer.tier]
+            candidates = self._seeds(graph, parent, others) + candidates
         else:
             # No parent, or one from another tier or generator (a Triton kernel seeding the
             # CUDA tier): this tier's drafts, which the search hangs under that parent.
-            candidates = [(w, s, why) for w in writers for s, why in w.drafts(graph)]
-            if parent is not None:
-                candidates = [(w, s, "the parent's settings, written in this tier")
-                              for w in writers
-                              if (s := w.carried(parent.proposal)) is not None] + candidates
-            if self.allow_tf32:
-                candidates = [twin for c in candidates for twin in with_tf32(*c)]
+            candidates = self._seeds(graph, parent, writers)
         children: list[Proposal] = []
         reasons: dict[str, None] = {}  # each writer's reason once, in the writers' order
         for writer, settings, why in candidates:

@@ -110,14 +110,17 @@ def test_every_case_matches_pytorch_on_the_gpu(tmp_path, case):
     check(tmp_path / "site", case, write_cuda_program, device="cuda", extra=KEPT + CLUSTERED)
 
 
-def test_a_compiled_triton_kernel_seeds_the_cuda_tier_at_its_schedule(tmp_path):
+@pytest.mark.parametrize("tiers", [("cuda",), ("triton", "cuda")],
+                         ids=["the CUDA tier alone", "CUDA opened beside Triton"])
+def test_a_compiled_triton_kernel_seeds_the_cuda_tier_at_its_schedule(tmp_path, tiers):
     problem, _ = write_problem(tmp_path, Case("x", "torch.softmax(x, dim=-1)",
                                               "torch.randn(300, 70)"))
     generator = RulesGenerator()
     triton = [c for c in generator.propose(problem, None, n=20).children
               if c.settings["writer"] == "write_compiled"]
     chosen = triton[-1]
-    cuda = generator.propose(problem, Parent(chosen), n=3, tiers=("cuda",)).children
+    cuda = generator.propose(problem, Parent(chosen), n=3, tiers=tiers).children
+    assert [c.tier for c in cuda] == ["cuda"] * 3, "the newly opened tier's seeds come first"
     first = cuda[0]
     assert first.tier == "cuda" and first.settings["writer"] == "write_cuda_compiled"
     assert {k: v for k, v in first.settings.items() if k != "writer"} == {

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import stat
+import tempfile
 import time
 from pathlib import Path
 
@@ -113,6 +114,20 @@ def test_collect_reads_what_ncu_prints(tmp_path, files, monkeypatch):
     assert [k.name for k in report.kernels] == ["pointwise_kernel"] and not report.notes
     assert "--clock-control none" in argv.read_text()
     assert report.seconds > 0
+
+
+def test_the_profiled_kernels_compile_into_caches_they_may_write(tmp_path, files, monkeypatch):
+    """The profiled process writes only in the temporary folder: Triton's and pycuda's caches
+    must be there, not in a home folder the walls keep it out of."""
+    seen = tmp_path / "caches.txt"
+    ncu = fake_ncu(tmp_path, f'echo "$TRITON_CACHE_DIR $PYCUDA_CACHE_DIR" > {seen}\n'
+                             f'cat {DATA / "pointwise.csv"}\n')
+    monkeypatch.setenv("KILN_NCU", str(ncu))
+    collect(*files, seed=0, timeout_s=30)
+    triton_cache, pycuda_cache = (Path(p) for p in seen.read_text().split())
+    assert triton_cache.parent == pycuda_cache.parent != Path(".")
+    assert triton_cache.parent.parent == Path(tempfile.gettempdir())
+    assert not triton_cache.parent.exists(), "the caches go with the profile"
 
 
 def test_a_machine_where_ncu_cannot_read_counters_gets_a_note(tmp_path, files, monkeypatch):

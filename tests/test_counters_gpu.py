@@ -9,6 +9,10 @@ import pytest
 
 from core.evaluate import EvalConfig, Evaluator
 from core.evaluate.counters import CounterReport, collect, find_ncu
+from generators.compiler.lower import lower_problem
+from generators.compiler.program import plan_program
+from generators.compiler.schedule import Schedule
+from generators.cuda.program import write_cuda_program
 from generators.site_graph import load_site_graph
 from generators.triton.pointwise import PointwiseConfig, write_pointwise
 from tests.kernel_checks import one_input_problem
@@ -43,6 +47,18 @@ def test_ncu_reads_a_streaming_kernels_counters(tmp_path, ncu):
     assert 0 < (kernel.achieved_occupancy_pct or 0) <= 100, kernel
     assert kernel.top_stalls(), kernel
     assert report.seconds < 120
+
+
+def test_ncu_reads_a_compiled_cuda_kernels_counters(tmp_path, ncu):
+    """A CUDA-tier candidate compiles its kernel (pycuda, nvcc) inside the profiled process,
+    behind its walls."""
+    problem, _ = pointwise_site(tmp_path)
+    candidate = tmp_path / "candidate.py"
+    candidate.write_text(write_cuda_program(plan_program(lower_problem(problem)),
+                                            Schedule(1, 1024, 4), "torch.relu(x * 2.0)"))
+    report = collect(problem, candidate, seed=0, timeout_s=120)
+    assert report.kernels, report.notes
+    assert "site_kernel" in report.dominant.name, report.dominant
 
 
 def test_the_judge_keeps_counters_and_the_diagnosis_cites_them(tmp_path, ncu):

@@ -216,6 +216,37 @@ def test_the_ledger_shares_a_gpu_between_processes_and_forgets_dead_ones(tmp_pat
         ledger.path.unlink(missing_ok=True)
 
 
+def test_a_candidate_waits_for_room_the_ledger_does_not_know_of(tmp_path):
+    """Memory held outside the ledger (another program, a process holding more than it
+    declared) keeps a candidate waiting though the ledger has room, until the GPU frees it; a
+    candidate alone beside process holdings goes, so nothing waits for good."""
+    gpu = f"test-{tmp_path.name}"
+    free = [20]
+    ledger = DeviceLedger(gpu, 100, poll_s=0.01, free_bytes=lambda: free[0])
+    other = DeviceLedger(gpu, 100, poll_s=0.01, free_bytes=lambda: free[0])
+    taken: list[float] = []
+
+    def take() -> None:
+        began = time.monotonic()
+        with other.hold("candidate", 40):
+            taken.append(time.monotonic() - began)
+
+    try:
+        with ledger.hold("candidate", 10):
+            thread = threading.Thread(target=take)
+            thread.start()
+            time.sleep(0.3)
+            assert not taken, "40 bytes do not fit in the 20 the GPU has free"
+            free[0] = 60
+            thread.join(timeout=30)
+        assert taken and taken[0] >= 0.25
+        free[0] = 0
+        with ledger.hold("process", 30), other.hold("candidate", 40):
+            assert sorted(ledger.entries().values()) == [30, 40]
+    finally:
+        ledger.path.unlink(missing_ok=True)
+
+
 def test_a_runs_own_steps_and_candidates_take_turns_in_the_ledger(tmp_path):
     gpu = f"test-{tmp_path.name}"
     ledger, other = DeviceLedger(gpu, 100, poll_s=0.01), DeviceLedger(gpu, 100, poll_s=0.01)

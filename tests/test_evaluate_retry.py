@@ -66,6 +66,46 @@ def test_a_failure_of_the_evaluators_own_is_judged_again_on_a_fresh_worker(tmp_p
     assert replacements == 1
 
 
+# The reference's forward runs out of device memory the first time (the device full of what
+# other processes hold): the judge's failure, not the candidate's.
+FLAKY_FORWARD = """
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+FAILED_ONCE = Path({mark!r})
+
+
+class Model(nn.Module):
+    def forward(self, x, y):
+        if x.device.type != "meta" and not FAILED_ONCE.exists():
+            FAILED_ONCE.write_text("failed")
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
+        return x * y + x
+
+
+def get_inputs():
+    return [torch.randn(1037), torch.randn(1037)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_reference_out_of_memory_is_the_evaluators_and_judged_again(tmp_path):
+    mark = tmp_path / "forward.failed"
+    problem = tmp_path / "flaky_forward.py"
+    problem.write_text(FLAKY_FORWARD.format(mark=str(mark)))
+    with Evaluator(EvalConfig(device="cpu", time=False), workers=1) as evaluator:
+        verdict = evaluator.evaluate(problem, (DATA / "good_pointwise.py").read_text())
+        replacements = evaluator.pool.replacements
+    assert mark.exists(), "the reference's forward never ran"
+    assert verdict.correct, verdict.reason
+    assert replacements == 1
+
+
 def test_a_failure_that_happens_twice_stands(tmp_path):
     problem, mark = flaky_problem(tmp_path)
     source = (DATA / "good_pointwise.py").read_text()
@@ -74,6 +114,48 @@ def test_a_failure_that_happens_twice_stands(tmp_path):
         verdict = evaluator.evaluate(problem, source)
     assert verdict.reason_code is Reason.JUDGE_ERROR, verdict.reason
     assert "the machine hiccuped" in verdict.reason
+
+
+def test_a_reference_out_of_memory_twice_stands_as_the_evaluators(tmp_path):
+    problem = tmp_path / "always_out.py"
+    problem.write_text(FLAKY_FORWARD.format(mark=str(tmp_path / "never"))
+                       .replace("not FAILED_ONCE.exists()", "True"))
+    with Evaluator(EvalConfig(device="cpu", time=False), workers=1) as evaluator:
+        verdict = evaluator.evaluate(problem, (DATA / "good_pointwise.py").read_text())
+    assert verdict.reason_code is Reason.JUDGE_OUT_OF_MEMORY, verdict.reason
+    assert "ran out of device memory" in verdict.reason
+    assert "Tried to allocate 8.00 GiB" in verdict.compile_log
+
+
+def out_of_memory_candidate() -> str:
+    """A correct kernel whose forward first asks for a petabyte of memory."""
+    source = (DATA / "good_pointwise.py").read_text()
+    marker = "        out = torch.empty_like(x)\n"
+    assert marker in source
+    return source.replace(marker, "        torch.empty(1 << 48, device=x.device)\n" + marker)
+
+
+def test_a_candidate_out_of_host_memory_is_not_judged_again(tmp_path):
+    problem, _ = flaky_problem(tmp_path)
+    problem.write_text(problem.read_text().replace("not FAILED_ONCE.exists()", "False"))
+    with Evaluator(EvalConfig(device="cpu", time=False), workers=1) as evaluator:
+        verdict = evaluator.evaluate(problem, out_of_memory_candidate())
+        replacements = evaluator.pool.replacements
+    assert verdict.reason_code is Reason.OUT_OF_MEMORY, verdict.reason
+    assert replacements == 0
+
+
+@pytest.mark.gpu
+def test_a_candidate_out_of_device_memory_is_judged_again_alone(tmp_path):
+    """The device may have been full of other processes' memory: the candidate's verdict is
+    the one it gets alone on the GPU."""
+    problem, _ = flaky_problem(tmp_path)
+    problem.write_text(problem.read_text().replace("not FAILED_ONCE.exists()", "False"))
+    with Evaluator(EvalConfig(device="cuda", time=False), workers=1) as evaluator:
+        verdict = evaluator.evaluate(problem, out_of_memory_candidate())
+        replacements = evaluator.pool.replacements
+    assert verdict.reason_code is Reason.OUT_OF_MEMORY, verdict.reason
+    assert replacements == 1
 
 
 def test_tensors_that_could_not_cross_are_the_evaluators_failure():

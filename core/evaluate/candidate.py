@@ -154,6 +154,24 @@ class CandidateProcess:
             raise classify(reply.get("error", {}))
         torch.cuda.ipc_collect()
 
+    def let_go_of_everything(self, deadline: float) -> bool:
+        """Before the process ends: it lets go of every buffer of the judge's it holds, and the
+        judge frees them. A process that ends holding some never gives them back: CUDA IPC keeps
+        them allocated in the judge for as long as the judge lives (an input's size each, GBs at
+        real sizes). False when some are still held (the process died, or would not answer)."""
+        if self.device.type != "cuda":
+            return True
+        numbers = sorted(self.side.sent) + self.side.take_dropped()
+        if numbers and not self.ended:
+            with contextlib.suppress(Rejected):
+                reply, fds = self.request({"op": "forget", "numbers": numbers}, [], deadline)
+                close_unused(fds, set())
+                if reply.get("type") == "forgotten":
+                    numbers = []
+        self.side.sent.clear()
+        torch.cuda.ipc_collect()
+        return not numbers
+
     def kernel_report(self, deadline: float) -> dict[str, Any]:
         """What the compiler made of the candidate's Triton kernels, read in its process."""
         reply, fds = self.request({"op": "report"}, [], deadline)

@@ -170,6 +170,13 @@ def ncu_command(ncu: str, problem_path: Path, candidate_path: Path, seed: int,
             "--seed", str(seed), *(["--lock", lock_path] if lock_path else [])]
 
 
+def profile_caches(folder: Path) -> dict[str, str]:
+    """Where the profiled process's kernel compilers keep their caches: Triton's and pycuda's
+    must be writable behind its walls, so each gets a folder in `folder`, a temporary folder
+    gone with the profile."""
+    return {"TRITON_CACHE_DIR": str(folder / "triton"), "PYCUDA_CACHE_DIR": str(folder / "pycuda")}
+
+
 def collect(problem_path: Path, candidate_path: Path, seed: int, timeout_s: float,
             device: str = "cuda", lock_path: str | None = None,
             save_output: Path | None = None) -> CounterReport:
@@ -185,13 +192,11 @@ def collect(problem_path: Path, candidate_path: Path, seed: int, timeout_s: floa
                                     "/usr/local/cuda/bin or /opt/nvidia/nsight-compute; set "
                                     "KILN_NCU to its path for hardware counters"])
     started = time.perf_counter()
-    # Triton's cache must be writable behind the profiled process's walls: a folder of its own
-    # in the temporary folder, gone with the profile.
-    with tempfile.TemporaryDirectory(prefix="kiln-ncu-triton-") as triton_cache:
+    with tempfile.TemporaryDirectory(prefix="kiln-ncu-cache-") as cache:
         process = subprocess.Popen(
             ncu_command(ncu, problem_path, candidate_path, seed, lock_path),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env=child_env("cuda", {"TRITON_CACHE_DIR": triton_cache}), cwd=REPO_ROOT,
+            env=child_env("cuda", profile_caches(Path(cache))), cwd=REPO_ROOT,
             start_new_session=True)
         try:
             output, _ = process.communicate(timeout=timeout_s)
@@ -218,36 +223,43 @@ def collect(problem_path: Path, candidate_path: Path, seed: int, timeout_s: floa
 
 def profiled_forward(problem_path: Path, candidate_path: Path, seed: int,
                      lock_path: str | None) -> None:
-    """Build the candidate as the judge does, warm it (compiling its kernels), and run one
-    forward under the profiler, holding the device alone. The candidate is confined first:
-    writes only beside it, in the temporary folder (ncu's files, Triton's cache) and to the
-    GPU's devices."""
+    """Build the candidate as the judge does, warm it (compiling its kernels) sharing the
+    device as checks do, and run one forward under the profiler, holding the device alone. The
+    candidate is confined first: writes only beside it, in the temporary folder (ncu's files,
+    the compilers' caches) and to the GPU's devices."""
     import torch
 
     from core.evaluate.sandbox import device_paths, restrict_writes
     from core.evaluate.zygote import start_cuda
     from core.runtime import cuda as cuda_runtime
     from core.runtime.problem_loader import import_file, load_problem
-    from core.timing.device_lock import exclusive_device
+    from core.timing.device_lock import DeviceLock
 
     sys.modules.setdefault("cuda_runtime", cuda_runtime)
     problem = load_problem(problem_path)
     # CUDA cannot start behind the walls (bench/NOTES.md, 2026-12-05 09:10-09:20 UTC: which
     # walls let CUDA start): it starts first, as in a candidate's process.
     start_cuda()
+    # The compilers' caches (`profile_caches`; beside the candidate where none was given) are
+    # made and named behind the walls, so that compiling there can write them.
+    caches = []
+    for name, default in profile_caches(candidate_path.parent / "caches").items():
+        caches.append(Path(os.environ.setdefault(name, default)))
+        caches[-1].mkdir(parents=True, exist_ok=True)
     # ncu's injected library talks to ncu over sockets of its own: TCP stays open here.
-    restrict_writes([candidate_path.parent, Path(tempfile.gettempdir()),
-                             *device_paths("cuda")], tcp=True)
+    restrict_writes([candidate_path.parent, Path(tempfile.gettempdir()), *caches,
+                     *device_paths("cuda")], tcp=True)
     module = import_file(candidate_path, candidate_path.stem)
     device = torch.device("cuda")
     init = problem.init_inputs()
-    torch.manual_seed(seed)
-    model = module.ModelNew(*init).to(device).eval()
-    inputs = problem.inputs(seed, device)
-    with torch.no_grad():
+    lock = DeviceLock(lock_path)
+    with lock.shared(), torch.no_grad():
+        torch.manual_seed(seed)
+        model = module.ModelNew(*init).to(device).eval()
+        inputs = problem.inputs(seed, device)
         model(*inputs)
         torch.cuda.synchronize()
-        with exclusive_device(lock_path):
+        with lock.exclusive():
             torch.cuda.profiler.start()
             model(*inputs)
             torch.cuda.synchronize()

@@ -49,6 +49,7 @@ from core.evaluate.transport import PAGE
 from core.evaluate.trial import Models, Trial, judge_failure, run_trial
 from core.evaluate.verdict import Reason, Verdict
 from core.evaluate.zygote import Zygote
+from core.runtime.errors import out_of_memory
 from core.runtime.problem_loader import (
     Problem,
     load_problem,
@@ -93,6 +94,7 @@ class Judge:
         self.lock = DeviceLock(None)
         self.holds = ExitStack()
         self.count = 0
+        self.held_for_the_dead = False
         self.launchers = LauncherFolder(zygote.launchers) if zygote.launchers else None
 
     @classmethod
@@ -135,7 +137,13 @@ class Judge:
 
     def judge(self, problem_path: str, source: str, config: EvalConfig, anchors: set[str],
               on_phase: Callable[[str], None]) -> tuple[Verdict, bool]:
-        """The verdict, and whether this process is still fit to judge the next candidate."""
+        """The verdict, and whether this process is still fit to judge the next candidate: not
+        when the candidate's process ended holding memory of this one's."""
+        verdict, healthy = self._judge(problem_path, source, config, anchors, on_phase)
+        return verdict, healthy and not self.held_for_the_dead
+
+    def _judge(self, problem_path: str, source: str, config: EvalConfig, anchors: set[str],
+               on_phase: Callable[[str], None]) -> tuple[Verdict, bool]:
         device = torch.device(config.device)
         problem = self.load(problem_path)
         self.count += 1
@@ -164,9 +172,13 @@ class Judge:
             verdict.crashed, verdict.timed_out = rejection.crashed, rejection.timed_out
             verdict.correct = verdict.accepted = False
             return verdict, rejection.healthy and context_healthy(device)
-        except Exception:  # the judge's own failure is this candidate's verdict; the run goes on
-            verdict.reason_code, verdict.correct = Reason.JUDGE_ERROR, False
-            verdict.reason = "the evaluator failed judging this candidate"
+        except Exception as err:  # the judge's own failure is this candidate's verdict
+            verdict.reason_code = (Reason.JUDGE_OUT_OF_MEMORY if out_of_memory(err)
+                                   else Reason.JUDGE_ERROR)
+            verdict.correct = False
+            verdict.reason = ("the evaluator ran out of device memory judging this candidate"
+                              if out_of_memory(err) else
+                              "the evaluator failed judging this candidate")
             verdict.compile_log = traceback.format_exc()
             return verdict, False
         finally:
@@ -182,7 +194,9 @@ class Judge:
         return verdict, True
 
     def finish(self, verdict: Verdict, process: CandidateProcess, device: torch.device) -> None:
-        """The candidate's process ends; on CUDA the verdict's peak is the judge's and its."""
+        """The candidate's process ends, holding none of the judge's memory (else this judge
+        is not fit to go on: `held_for_the_dead`); on CUDA the verdict's peak is the judge's
+        and its."""
         peak, launchers = None, None
         if device.type == "cuda":
             peak = torch.cuda.max_memory_allocated(device)
@@ -191,6 +205,7 @@ class Judge:
                     own_peak, launchers = process.stats(time.monotonic() + 10)
                     peak += own_peak or 0
         verdict.peak_memory_bytes = peak
+        self.held_for_the_dead = not process.let_go_of_everything(time.monotonic() + 10)
         process.close()
         if self.launchers is not None and launchers:
             self.launchers.build(launchers)
@@ -267,11 +282,12 @@ class Judge:
         counters = None
         if config.counters:
             clock.start("counters")
-            # The profiled program runs while this judge holds the device alone: its kernels
-            # must not overlap anyone's, nor anyone's them.
-            with self.lock.exclusive():
+            # The profiled process takes the device lock itself: shared while it starts and
+            # compiles, as checks do, alone only for the profiled forward (ncu replaying its
+            # kernels), so that others' timings go on during the seconds it takes to start.
+            with self.lock.released():
                 counters = collect(problem.path, candidate_path, config.seeds[0],
-                                   config.counters_timeout_s, device.type)
+                                   config.counters_timeout_s, device.type, self.lock.path)
             verdict.counters = counters.to_dict()
         verdict.diagnosis = str(diagnose(report, gpu_latency, trials[0].floor_ms,
                                          verdict.baseline_ms, counters))

@@ -24,7 +24,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -154,17 +154,25 @@ class DeviceLedger:
     dropped whenever the file is read, so a killed run frees what it held."""
 
     def __init__(self, gpu: str, capacity: int, poll_s: float = 0.2,
-                 patience_s: float = PATIENCE_S) -> None:
+                 patience_s: float = PATIENCE_S,
+                 free_bytes: Callable[[], int] | None = None) -> None:
         self.path = lock_folder() / f"gpu-{gpu}.memory"
         self.capacity = capacity
         self.poll_s = poll_s
         self.patience_s = patience_s
+        self.free_bytes = free_bytes
 
     @classmethod
     def of_gpu(cls, gpu: int) -> DeviceLedger:
-        """The ledger of this process's GPU `gpu`, as large as the GPU."""
+        """The ledger of this process's GPU `gpu`, as large as the GPU, reading what the GPU has
+        free."""
         _, total = torch.cuda.mem_get_info(gpu)
-        return cls(physical_gpu(gpu), total)
+        return cls(physical_gpu(gpu), total, free_bytes=lambda: torch.cuda.mem_get_info(gpu)[0])
+
+    def device_has_room(self, needed: int) -> bool:
+        """Whether the GPU itself has `needed` bytes free: what the ledger does not know of
+        (another program's memory, a process keeping more than it declared) is there too."""
+        return self.free_bytes is None or needed <= self.free_bytes()
 
     def entries(self) -> dict[str, int]:
         """Who holds what now."""
@@ -200,8 +208,9 @@ class DeviceLedger:
     @contextlib.contextmanager
     def hold(self, kind: str, needed: int) -> Iterator[None]:
         """Hold `needed` bytes. A "candidate" (or a run's own "step") first waits until they
-        fit beside every other holding, or until no other candidate or step is held anywhere
-        (then it goes however large); a "process" holding (what a process keeps on the GPU
+        fit beside every other holding (a candidate: and in what the GPU has free), or until no
+        other candidate or step is held anywhere (then it goes however large); a "process"
+        holding (what a process keeps on the GPU
         whatever it does) is taken at once. A holding that came after one that has waited
         `patience_s` waits behind it, even where it would fit: small candidates arriving one
         after another never keep a large step (a run's profiling, say) out for good."""
@@ -212,7 +221,8 @@ class DeviceLedger:
             while True:
                 with self._locked() as handle:
                     state = self._read(handle)
-                    fits = sum(state.held.values()) + needed <= self.capacity
+                    fits = (sum(state.held.values()) + needed <= self.capacity
+                            and (kind != "candidate" or self.device_has_room(needed)))
                     alone = all(":process:" in k for k in state.held)
                     now = time.time()
                     behind = any(other != waiter and began < since

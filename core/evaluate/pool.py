@@ -114,15 +114,18 @@ class WorkerPool:
     def run_on(self, slot: int, request: Request) -> Verdict:
         """The verdict of `request` on the slot's worker. The evaluator's own failure (a worker
         that failed in Kiln's code, inputs a candidate's process could not map) is judged again
-        once, on a fresh worker, before it stands as the candidate's verdict; a judge that ran
-        out of device memory is judged again alone on its GPU, with no other candidate or run's
-        step beside it: fewer at once, not a failure."""
+        once, on a fresh worker, before it stands as the candidate's verdict; a judge or a
+        candidate that ran out of device memory is judged again alone on its GPU, with no other
+        candidate or run's step beside it: the device may have been full of what other processes
+        held, which says nothing of the candidate."""
         alone = False
         try:
             verdict = self.run_once(slot, request)
-            if verdict.reason_code not in (Reason.JUDGE_ERROR, Reason.JUDGE_OUT_OF_MEMORY):
+            out_of_memory = (Reason.JUDGE_OUT_OF_MEMORY, *(
+                [Reason.OUT_OF_MEMORY] if self.config.device == "cuda" else []))
+            if verdict.reason_code not in (Reason.JUDGE_ERROR, *out_of_memory):
                 return verdict
-            alone = verdict.reason_code is Reason.JUDGE_OUT_OF_MEMORY
+            alone = verdict.reason_code in out_of_memory
         except WorkerError:
             pass
         self.retire(slot)

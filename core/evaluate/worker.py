@@ -242,7 +242,9 @@ def serve(folder: Path, device: str) -> None:
             raise
         if config.device == "cuda" and healthy:
             # The pool hands this candidate's memory to another worker once the verdict is
-            # out: the allocator's cached blocks go back to the device first.
+            # out: the blocks the candidate's process let go of, and the allocator's cached
+            # blocks, go back to the device first.
+            torch.cuda.ipc_collect()
             torch.cuda.empty_cache()
         send({"type": "verdict", "verdict": verdict.to_dict(), "healthy": healthy})
         if not healthy:

@@ -2,10 +2,13 @@
 
 Sites are searched in rounds; each round gives one batch of evaluations to the site with the
 most to gain: its share of the model's time, times its headroom above the roofline floor,
-discounted by the evaluations it has had. A site's Triton phase settles when its search
-stops; if it still holds at least `cuda_share` of the model's remaining time, the CUDA tier
-joins the same tree, seeded from its best Triton kernel. Every candidate and verdict is
-written to the store the moment it exists.
+discounted by the evaluations it has had. Once a site's first round of Triton kernels is
+judged, if it still holds at least `cuda_share` of the model's remaining time, the CUDA tier
+joins the same tree: its seeds and drafts hang under the Triton kernels expanded next, the best
+first. It joins after one round, not once Triton settles, because a large site judges a few
+kernels a minute and its schedules with the most to gain (rows shared by a cluster, rows kept
+in shared memory) are the CUDA tier's alone (bench/NOTES.md, 2026-12-06, 08:10 UTC). Every
+candidate and verdict is written to the store the moment it exists.
 
 A site whose baselines run out of device memory is left out of the search, with why. Any other
 step that fails (a site's baseline, the search, the end-to-end check; out of memory, say)
@@ -153,7 +156,8 @@ class OptimizeRun:
                 or minutes >= self.config.budget_minutes)
 
     def _maybe_add_cuda(self, run: SiteRun, total_ms: float) -> bool:
-        """Open the CUDA tier for a settled site that still holds a large share."""
+        """Open the CUDA tier for a site, past its first round, that still holds a large
+        share."""
         if "cuda" not in self.config.tiers or "cuda" in run.tiers:
             return False
         if not math.isfinite(run.search.baseline_ms) or total_ms <= 0:
@@ -362,7 +366,7 @@ class OptimizeRun:
         while not self._out_of_budget():
             self.stop.check()
             for run in runs:
-                if run.search.done:
+                if run.search.done or run.steps > 0:
                     self._maybe_add_cuda(run, total_ms)
             open_runs = [r for r in runs if not r.search.done]
             if not open_runs:
