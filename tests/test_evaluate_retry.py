@@ -43,29 +43,6 @@ def get_init_inputs():
 """
 
 
-def flaky_problem(folder: Path, name: str = "flaky",
-                  error: str = 'RuntimeError("the machine hiccuped")') -> tuple[Path, Path]:
-    mark = folder / f"{name}.failed"
-    path = folder / f"{name}.py"
-    path.write_text(FLAKY_PROBLEM.format(mark=str(mark), error=error))
-    return path, mark
-
-
-@pytest.mark.parametrize("error", [
-    'RuntimeError("the machine hiccuped")',
-    # Out of device memory: judged again alone on its GPU (on the CPU, just again).
-    'torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 GiB")',
-], ids=["an error", "out of memory"])
-def test_a_failure_of_the_evaluators_own_is_judged_again_on_a_fresh_worker(tmp_path, error):
-    problem, mark = flaky_problem(tmp_path, error=error)
-    with Evaluator(EvalConfig(device="cpu", time=False), workers=1) as evaluator:
-        verdict = evaluator.evaluate(problem, (DATA / "good_pointwise.py").read_text())
-        replacements = evaluator.pool.replacements
-    assert mark.exists(), "the first judging never drew the inputs"
-    assert verdict.correct, verdict.reason
-    assert replacements == 1
-
-
 # The reference's forward runs out of device memory the first time (the device full of what
 # other processes hold): the judge's failure, not the candidate's.
 FLAKY_FORWARD = """
@@ -94,14 +71,29 @@ def get_init_inputs():
 """
 
 
-def test_a_reference_out_of_memory_is_the_evaluators_and_judged_again(tmp_path):
-    mark = tmp_path / "forward.failed"
-    problem = tmp_path / "flaky_forward.py"
-    problem.write_text(FLAKY_FORWARD.format(mark=str(mark)))
+def flaky_problem(folder: Path, name: str = "flaky",
+                  error: str = 'RuntimeError("the machine hiccuped")',
+                  template: str = FLAKY_PROBLEM) -> tuple[Path, Path]:
+    mark = folder / f"{name}.failed"
+    path = folder / f"{name}.py"
+    path.write_text(template.format(mark=str(mark), error=error))
+    return path, mark
+
+
+@pytest.mark.parametrize(("template", "error"), [
+    (FLAKY_PROBLEM, 'RuntimeError("the machine hiccuped")'),
+    # Out of device memory: judged again alone on its GPU (on the CPU, just again).
+    (FLAKY_PROBLEM, 'torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 GiB")'),
+    (FLAKY_FORWARD, ""),
+], ids=["an error drawing inputs", "out of memory drawing inputs",
+        "out of memory in the reference's forward"])
+def test_a_failure_of_the_evaluators_own_is_judged_again_on_a_fresh_worker(tmp_path, template,
+                                                                           error):
+    problem, mark = flaky_problem(tmp_path, error=error, template=template)
     with Evaluator(EvalConfig(device="cpu", time=False), workers=1) as evaluator:
         verdict = evaluator.evaluate(problem, (DATA / "good_pointwise.py").read_text())
         replacements = evaluator.pool.replacements
-    assert mark.exists(), "the reference's forward never ran"
+    assert mark.exists(), "the first judging never failed"
     assert verdict.correct, verdict.reason
     assert replacements == 1
 
@@ -135,27 +127,20 @@ def out_of_memory_candidate() -> str:
     return source.replace(marker, "        torch.empty(1 << 48, device=x.device)\n" + marker)
 
 
-def test_a_candidate_out_of_host_memory_is_not_judged_again(tmp_path):
+@pytest.mark.parametrize(("device", "judged_again"), [
+    ("cpu", 0),
+    # The device may have been full of other processes' memory: the candidate's verdict is the
+    # one it gets alone on the GPU.
+    pytest.param("cuda", 1, marks=pytest.mark.gpu),
+], ids=["host memory: not judged again", "device memory: judged again alone"])
+def test_a_candidate_out_of_memory(tmp_path, device, judged_again):
     problem, _ = flaky_problem(tmp_path)
     problem.write_text(problem.read_text().replace("not FAILED_ONCE.exists()", "False"))
-    with Evaluator(EvalConfig(device="cpu", time=False), workers=1) as evaluator:
+    with Evaluator(EvalConfig(device=device, time=False), workers=1) as evaluator:
         verdict = evaluator.evaluate(problem, out_of_memory_candidate())
         replacements = evaluator.pool.replacements
     assert verdict.reason_code is Reason.OUT_OF_MEMORY, verdict.reason
-    assert replacements == 0
-
-
-@pytest.mark.gpu
-def test_a_candidate_out_of_device_memory_is_judged_again_alone(tmp_path):
-    """The device may have been full of other processes' memory: the candidate's verdict is
-    the one it gets alone on the GPU."""
-    problem, _ = flaky_problem(tmp_path)
-    problem.write_text(problem.read_text().replace("not FAILED_ONCE.exists()", "False"))
-    with Evaluator(EvalConfig(device="cuda", time=False), workers=1) as evaluator:
-        verdict = evaluator.evaluate(problem, out_of_memory_candidate())
-        replacements = evaluator.pool.replacements
-    assert verdict.reason_code is Reason.OUT_OF_MEMORY, verdict.reason
-    assert replacements == 1
+    assert replacements == judged_again
 
 
 def test_tensors_that_could_not_cross_are_the_evaluators_failure():
