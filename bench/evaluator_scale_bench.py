@@ -7,7 +7,8 @@
 Each problem is optimized by `python -m core.optimize` in its own process and store, `--parallel`
 of them at once (the evaluator's device memory budgets and the device lock keep them from
 disturbing each other). Per problem the table gives whether the run ended cleanly, the candidates
-judged and judged per minute of search, the median seconds a candidate spent in each phase, the
+judged and judged per minute of search, the median seconds a candidate spent in each phase (and
+outside them: the worker's messages, loading the problem, writing the candidate's file), the
 peak device memory of a judged candidate over its site problem's input and output bytes, and the
 peak device memory of the whole run (every process of it, sampled from nvidia-smi each half
 second) over the problem's own input and output bytes, and that of the run's own process alone
@@ -212,6 +213,10 @@ def measure(problem: Path, args: argparse.Namespace, extra: list[str],
         row.phases = {p: statistics.median(v.get("phase_seconds", {}).get(p, 0.0)
                                            for v in verdicts)
                       for p in PHASES} if verdicts else {}
+        # What no phase holds: the worker's messages, loading the problem, writing the file.
+        row.phases[OTHER] = statistics.median(
+            (v.get("eval_seconds") or 0.0) - sum(v.get("phase_seconds", {}).values())
+            for v in verdicts) if verdicts else 0.0
         ratios = []
         for site in reader.sites(run_id):
             peaks = [c.verdict.get("peak_memory_bytes") for c in candidates
@@ -230,16 +235,19 @@ def measure(problem: Path, args: argparse.Namespace, extra: list[str],
     return row
 
 
+OTHER = "outside the phases"
+
+
 def table(rows: list[Row]) -> str:
     header = ("| problem | status | judged | per minute | site io GB | peak / io | "
               "problem io GB | run peak GB | its own GB | "
-              + " | ".join(f"{p} s" for p in PHASES) + " | minutes |")
+              + " | ".join(f"{p} s" for p in (*PHASES, OTHER)) + " | minutes |")
     lines = [header, "|" + " --- |" * (header.count("|") - 1)]
     for r in rows:
         ratio = "-" if r.memory_ratio is None else f"{r.memory_ratio:.2f}"
         run_peak = "-" if r.run_peak_gb is None else f"{r.run_peak_gb:.1f}"
         own_peak = "-" if r.own_peak_gb is None else f"{r.own_peak_gb:.1f}"
-        phases = " | ".join(f"{r.phases.get(p, 0.0):.2f}" for p in PHASES)
+        phases = " | ".join(f"{r.phases.get(p, 0.0):.2f}" for p in (*PHASES, OTHER))
         lines.append(f"| {r.name} | {r.status} | {r.judged} | {r.per_minute:.1f} | "
                      f"{r.io_gb:.2f} | {ratio} | {r.problem_io_gb:.2f} | {run_peak} | {own_peak} | "
                      f"{phases} | {r.minutes:.1f} |")

@@ -1,14 +1,18 @@
 """Knob ladders of the rules writers on a GPU, for the sites that sit near their targets: every
 setting judged by the evaluator and timed against eager, torch.compile and the floor.
 
-    python bench/ladder_bench.py [--workers 2] [--only norms,rows,matmul,pointwise,dims]
+    python bench/ladder_bench.py [--workers 2]
+        [--only norms,compiled_norms,rows,matmul,pointwise,dims]
 
 - norms: group norm + SiLU, instance norm and batch norm (batch statistics), the cluster CUDA
   kernel at each cluster size × threads (vector 4), its share held in shared memory or in
   registers, against the Triton writers' drafts;
+- compiled_norms: the same three norms under the compiler's own schedules, which are to take
+  the cluster norm kernel's place: a program a set in both tiers, and (CUDA) each set shared by
+  a cluster of 2, 4 or 8 blocks, its share kept in registers or shared memory, or read again;
 - rows: an L2 norm over rows of 65535, the compiler's schedules in both tiers: a program a row,
   a program per SM striding over the rows, and (CUDA) each row shared by a cluster of blocks,
-  its share kept in shared memory or read again;
+  its share kept in registers or shared memory, or read again;
 - matmul: linear + GELU 4096³ bf16 over tile shapes, warps, stages and GROUP_M;
 - pointwise: bias + GELU 8192² bf16 over block sizes and warps;
 - dims: sum over dim 1 of 64×2048×512 fp32 over tile shapes, warps and split reductions.
@@ -78,21 +82,40 @@ def norm_settings(graph: SiteGraph) -> list[tuple[str, str]]:
     return plans
 
 
-def row_settings(graph: SiteGraph) -> list[tuple[str, str]]:
-    schedules = [(tier, Schedule(1, columns, warps, resident_per_sm=resident))
-                 for tier in ("triton", "cuda") for columns in (2048, 4096)
-                 for warps in (8, 16) for resident in (0, 1, 2)]
-    schedules += [("cuda", Schedule(1, columns, warps, cluster_blocks=blocks, keep_row=keep))
-                  for blocks in (2, 4, 8) for columns in (2048, 4096) for warps in (8, 16)
-                  for keep in (False, True)]
+def compiled_plans(graph: SiteGraph, schedules: list[tuple[str, Schedule]]
+                   ) -> list[tuple[str, str]]:
+    """Each (tier, schedule)'s compiled candidate, labelled; schedules the site's kernels
+    cannot take (a share too large to keep in shared memory) left out."""
     write = {"triton": write_compiled, "cuda": write_cuda_compiled}
     plans = []
     for tier, schedule in schedules:
         try:
             plans.append((f"{tier}: {schedule.describe()}", write[tier](graph, schedule)))
         except Unsupported:
-            continue  # a share too large to keep in shared memory
+            continue
     return plans
+
+
+def cluster_schedules(columns: tuple[int, ...], warps: tuple[int, ...]
+                      ) -> list[tuple[str, Schedule]]:
+    return [("cuda", Schedule(1, c, w, cluster_blocks=blocks, keep_row=keep, held=held))
+            for blocks in (2, 4, 8) for c in columns for w in warps
+            for keep, held in ((False, "shared"), (True, "shared"), (True, "registers"))]
+
+
+def compiled_norm_settings(graph: SiteGraph) -> list[tuple[str, str]]:
+    """The compiler's own schedules for a norm, to set beside the cluster norm writer's: a
+    program a set in both tiers, and (CUDA) each set shared by a cluster, kept or read again."""
+    schedules = [(tier, Schedule(1, columns, warps)) for tier in ("triton", "cuda")
+                 for columns in (2048, 4096) for warps in (8, 16)]
+    return compiled_plans(graph, schedules + cluster_schedules((2048, 4096), (8, 16)))
+
+
+def row_settings(graph: SiteGraph) -> list[tuple[str, str]]:
+    schedules = [(tier, Schedule(1, columns, warps, resident_per_sm=resident))
+                 for tier in ("triton", "cuda") for columns in (2048, 4096)
+                 for warps in (8, 16) for resident in (0, 1, 2)]
+    return compiled_plans(graph, schedules + cluster_schedules((2048, 4096), (8, 16)))
 
 
 def matmul_settings(graph: SiteGraph) -> list[tuple[str, str]]:
@@ -121,6 +144,9 @@ LADDERS = [
     Ladder("norms", "group_norm(32)", norm_settings),
     Ladder("norms", "instance_norm", norm_settings),
     Ladder("norms", "batch_norm, batch statistics", norm_settings),
+    Ladder("compiled_norms", "group_norm(32)", compiled_norm_settings),
+    Ladder("compiled_norms", "instance_norm", compiled_norm_settings),
+    Ladder("compiled_norms", "batch_norm, batch statistics", compiled_norm_settings),
     Ladder("rows", "l2 norm over rows", row_settings),
     Ladder("matmul", "linear + gelu", matmul_settings),
     Ladder("pointwise", "bias + gelu", pointwise_settings),
@@ -144,8 +170,9 @@ def print_ranked(labelled: list[tuple[str, Verdict]], floor_ms: float, compile_m
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--only", default="norms,rows,matmul,pointwise,dims",
-                        help="comma-separated groups: norms, rows, matmul, pointwise, dims")
+    parser.add_argument("--only", default="norms,compiled_norms,rows,matmul,pointwise,dims",
+                        help="comma-separated groups: norms, compiled_norms, rows, matmul, "
+                             "pointwise, dims")
     args = parser.parse_args()
     groups = {part.strip() for part in args.only.split(",")}
     unknown = groups - {ladder.group for ladder in LADDERS}

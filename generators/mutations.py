@@ -86,8 +86,7 @@ WHY_UP: dict[str, str] = {
                        "memory latency",
     "cluster_blocks": "more blocks of a cluster share each row: fewer rows in flight, so that a "
                       "row's second walk finds it in L2",
-    "keep_row": "a row's inputs kept in shared memory from its first walk: later walks read no "
-                "memory",
+    "keep_row": "a row's inputs kept on chip from its first walk: later walks read no memory",
     "precision": "fp32 products as three tf32 tensor-core products: fp32's accuracy at several "
                  "times the speed of fp32 arithmetic",
 }
@@ -121,7 +120,8 @@ WHY_DOWN: dict[str, str] = {
                        "once, so that a row's second walk reads it there",
     "cluster_blocks": "fewer blocks of a cluster share each row: fewer partial results to "
                       "exchange, more rows under way at once",
-    "keep_row": "a row's walks read memory again: no shared memory a block, more blocks an SM",
+    "keep_row": "a row's walks read memory again: no shared memory or registers held, more "
+                "blocks an SM",
     "precision": "exact fp32 products on the CUDA cores: no split operands held in registers",
 }
 

@@ -156,8 +156,8 @@ class Judging:
 
 # The phases of judging a candidate in the order they happen (core.evaluate's pool and judge);
 # the waits for the device lock, spread over the checks and the timing, last.
-PHASES = ("worker start", "waiting for memory", "compile", "checks", "timing", "counters",
-          "waiting for the device")
+PHASES = ("worker start", "waiting for memory", "candidate start", "compile", "checks", "timing",
+          "counters", "ending", "waiting for the device")
 
 
 def ordered_phases(names: Iterable[str]) -> list[str]:

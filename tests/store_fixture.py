@@ -290,8 +290,9 @@ def fill_store(path: Path) -> Filled:
 # that would make a browser fetch an image if the app rendered them.
 HOSTILE_RATIONALE = "fast ![x](http://example.invalid/a.png) <img src=http://example.invalid/b.png>"
 HOSTILE_REASON = "boom ![y](http://example.invalid/c.png) <img src='http://example.invalid/d.png'>"
-PHASE_SECONDS = {"worker start": 0.8, "waiting for memory": 0.05, "compile": 2.5, "checks": 1.2,
-                 "timing": 0.9, "counters": 3.1, "waiting for the device": 0.4}
+PHASE_SECONDS = {"worker start": 0.8, "waiting for memory": 0.05, "candidate start": 0.3,
+                 "compile": 2.5, "checks": 1.2, "timing": 0.9, "counters": 3.1, "ending": 0.1,
+                 "waiting for the device": 0.4}
 
 
 @dataclass(frozen=True)

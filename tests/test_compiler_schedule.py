@@ -5,6 +5,8 @@ thread-block cluster; the search moves those settings one rung at a time."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from generators.codegen import SM_COUNT_LINE
@@ -64,16 +66,20 @@ def test_the_search_moves_the_programs_per_sm_a_rung_at_a_time():
     assert "L2" in everyone[0].rationale
 
 
-SHARED_AND_KEPT = [(8, True), (8, False), (4, True), (4, False)]
+R, S = "registers", "shared"
+SHARED_AND_KEPT = [(8, True, R), (8, True, S), (8, False, S),
+                   (4, True, R), (4, True, S), (4, False, S)]
 
 
 @pytest.mark.parametrize(("body", "shape", "cuda_only"), [
     (NORM, "(4096, 65535)", SHARED_AND_KEPT),  # rows of 256 KB: too long for one block to keep
     # 1.5 MB rows, too long for a row on every SM, shared by eight SMs instead; a quarter of
-    # one (384 KB) is more than a block's shared memory keeps
-    ("torch.softmax(x, dim=-1)", "(512, 393216)", [(8, True), (8, False), (4, False)]),
-    # 125 KB rows, kept whole by one block; 32 MB in all, which L2 holds
-    ("torch.log_softmax(x, dim=-1)", "(256, 32000)", [(0, True)]),
+    # one (384 KB) is more than a block's shared memory keeps, and an eighth more values a
+    # thread than stay in registers
+    ("torch.softmax(x, dim=-1)", "(512, 393216)", [(8, True, S), (8, False, S), (4, False, S)]),
+    # 125 KB rows, kept whole by one block (64 values a thread: registers still hold them);
+    # 32 MB in all, which L2 holds
+    ("torch.log_softmax(x, dim=-1)", "(256, 32000)", [(0, True, R), (0, True, S)]),
     (NORM, "(64, 65535)", []),  # 16 MB: L2 holds every row in flight already
     ("x.sum(dim=-1)", "(4096, 65535)", []),  # one walk a row
     ("torch.softmax(x, dim=-1)", "(65536, 4096)", []),  # rows held whole in registers
@@ -83,7 +89,8 @@ def test_the_cuda_tier_keeps_long_rows_on_chip_or_shares_them_over_a_cluster(
         tmp_path, body, shape, cuda_only):
     problem = one_input_problem(tmp_path, body, f"torch.randn{shape}")
     proposals = RulesGenerator().propose(problem, None, n=12, tiers=("cuda",)).children
-    found = [(p.settings["cluster_blocks"], p.settings["keep_row"]) for p in proposals
+    found = [(p.settings["cluster_blocks"], p.settings["keep_row"], p.settings["held"])
+             for p in proposals
              if p.settings["writer"] == "write_cuda_compiled"
              and (p.settings["cluster_blocks"] or p.settings["keep_row"])]
     assert found == cuda_only, [p.rationale for p in proposals]
@@ -96,6 +103,22 @@ def test_a_row_too_long_for_shared_memory_is_declined_with_the_fix(tmp_path):
     problem = one_input_problem(tmp_path, NORM, "torch.randn(4, 65535)")
     with pytest.raises(Unsupported, match="256 KB a block, more than sm_90 has: share each row"):
         write_cuda_compiled(load_site_graph(problem), Schedule(1, 4096, 16, keep_row=True))
+
+
+def test_a_row_kept_in_registers_is_an_array_a_lane_walked_whole(tmp_path):
+    problem = one_input_problem(tmp_path, NORM, "torch.randn(4096, 65535)")
+    graph = load_site_graph(problem)
+    # An eighth of a row a block, 512 threads: two passes of 8 values a thread.
+    source = write_cuda_compiled(graph, Schedule(1, 4096, 16, cluster_blocks=8, keep_row=True,
+                                                 held="registers"))
+    assert "kept in registers" in source.split("\n")[0]
+    assert "float kept0[16];" in source and "extern __shared__" not in source
+    assert "shared_mem=" not in source
+    # A fixed count of passes, unrolled, so that every index into the array is a constant.
+    assert re.search(r"#pragma unroll\n\s*for \(int walk\d+ = 0; walk\d+ < 2;", source)
+    with pytest.raises(Unsupported, match="128 values a thread, more than the 64 that stay in "
+                                          "registers at 512 threads: keep them in shared"):
+        write_cuda_compiled(graph, Schedule(1, 4096, 16, keep_row=True, held="registers"))
 
 
 def test_a_clustered_candidate_exchanges_partial_results_in_one_launch(tmp_path):

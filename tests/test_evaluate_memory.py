@@ -140,7 +140,9 @@ def test_a_large_problem_costs_its_process_tree_a_few_times_its_bytes(tmp_path):
         f"{io_bytes / MIB:.0f} MiB of inputs and outputs; the bound is {JUDGE_FACTOR}x plus "
         f"{FIXED_OVERHEAD / MIB:.0f} MiB")
     assert growth >= io_bytes, "the candidate's inputs and output were not seen in the tree"
-    assert set(verdict.phase_seconds) >= {"compile", "checks", "timing"}
+    assert set(verdict.phase_seconds) >= {"candidate start", "compile", "checks", "timing",
+                                          "ending"}
+    assert sum(verdict.phase_seconds.values()) <= verdict.eval_seconds, verdict.phase_seconds
 
 
 def test_reservations_wait_for_room_and_a_large_one_runs_alone():

@@ -160,6 +160,7 @@ class Judge:
             with self.holds:
                 assert self.sizes is not None
                 self.holds.enter_context(fp32_matmuls(config.allow_tf32))  # the reference's
+                clock.start("candidate start")
                 process = CandidateProcess(self.zygote, scratch, device,
                                            candidate_limits(config, self.sizes), self.log_path)
                 models = Models(self.reference(config.seeds[0], device), process)
@@ -182,9 +183,10 @@ class Judge:
             verdict.compile_log = traceback.format_exc()
             return verdict, False
         finally:
-            clock.stop()
             if process is not None:
+                clock.start("ending")
                 self.finish(verdict, process, device)
+            clock.stop()
             shutil.rmtree(scratch, ignore_errors=True)
         not_faster = slower_reason(verdict, config.time)
         if not_faster is None:

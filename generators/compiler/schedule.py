@@ -40,6 +40,9 @@ FEW_ROWS = 512
 SPLIT_LOOP = 1 << 16
 
 
+HELD_IN = {"shared": "shared memory", "registers": "registers"}
+
+
 @dataclass(frozen=True)
 class Schedule:
     block_rows: int = 1
@@ -48,7 +51,8 @@ class Schedule:
     splits: int = 1  # programs sharing each row's loops
     resident_per_sm: int = 0  # programs per SM striding over the blocks; 0: one a block
     cluster_blocks: int = 0  # blocks of a cluster sharing each row's loops (CUDA); 0: none
-    keep_row: bool = False  # a row's inputs kept in shared memory between its walks (CUDA)
+    keep_row: bool = False  # a row's inputs kept on chip between its walks (CUDA)
+    held: str = "shared"  # where kept inputs live: "shared" memory or "registers"
 
     def describe(self) -> str:
         return (f"{self.block_rows} row(s) x {self.block_columns} columns a block, "
@@ -58,7 +62,7 @@ class Schedule:
                    if self.resident_per_sm else "")
                 + (f", each row shared by a cluster of {self.cluster_blocks} blocks"
                    if self.cluster_blocks else "")
-                + (", each row's inputs kept in shared memory between its walks"
+                + (f", each row's inputs kept in {HELD_IN[self.held]} between its walks"
                    if self.keep_row else ""))
 
     def fitted(self, kernel: Kernel) -> Schedule:
@@ -71,11 +75,13 @@ class Schedule:
         keep = (self.keep_row and kernel.walks_rows_twice() and kernel.scan_dim is None
                 and not kernel.rows_contiguous())
         if self.cluster_blocks and kernel.reductions and kernel.scan_dim is None:
-            return replace(self, block_rows=rows, splits=1, resident_per_sm=0, keep_row=keep)
+            return replace(self, block_rows=rows, splits=1, resident_per_sm=0, keep_row=keep,
+                           held=self.held if keep else "shared")
         splits = max(1, min(self.splits, -(-loop // self.block_columns)))
         # Split launches end a row's walk at each level: nothing to keep between them.
-        return replace(self, block_rows=rows, splits=splits, cluster_blocks=0,
-                       keep_row=keep and splits == 1)
+        keep = keep and splits == 1
+        return replace(self, block_rows=rows, splits=splits, cluster_blocks=0, keep_row=keep,
+                       held=self.held if keep else "shared")
 
     def persistent(self, kernel: Kernel) -> bool:
         """Every loop of a row fits in one block of columns, and one program does them."""
@@ -153,26 +159,33 @@ KEPT_ROW = 227 * 1024 // 4 - 4096
 
 def cuda_drafts(kernel: Kernel) -> list[tuple[Schedule, str]]:
     """Schedules only the CUDA tier writes, for looped kernels that walk rows twice: each row
-    kept in shared memory between its walks, by one block where it fits, and (over an input
-    larger than L2, whose rows in flight with a block a row do not fit in it) each row shared
-    by a cluster of blocks, its inputs kept or read again from L2. A writer declines a share
-    too large for shared memory."""
+    kept on chip between its walks (in registers, or in shared memory), by one block where it
+    fits, and (over an input larger than L2, whose rows in flight with a block a row do not fit
+    in it) each row shared by a cluster of blocks, its inputs kept or read again from L2. The
+    writer declines a share too large for registers or for shared memory."""
     loop = kernel.longest_loop
     if (kernel.scan_dim is not None or not kernel.walks_rows_twice()
             or kernel.rows_contiguous() or loop <= MAX_PERSISTENT_COLUMNS):
         return []
     found = []
     if loop <= KEPT_ROW:
-        found.append((Schedule(1, 4096, 16, keep_row=True),
-                      f"rows of {loop} values, each kept in a block's shared memory from its "
-                      "first walk to its last: one read of the inputs"))
+        found += _held_twins(Schedule(1, 4096, 16, keep_row=True),
+                             f"rows of {loop} values, each kept in a block's {{held}} from its "
+                             "first walk to its last: one read of the inputs")
     if math.prod(kernel.domain) * 4 > GpuPeaks().l2_bytes:
         for blocks, warps in CLUSTER_DRAFTS:
             shared = (f"rows of {loop} values, each shared by a cluster of {blocks} blocks of "
                       f"{32 * warps} threads that exchange their partial results")
-            found += [(Schedule(1, 4096, warps, cluster_blocks=blocks, keep_row=True),
-                       f"{shared}, each block's share kept in its shared memory"),
-                      (Schedule(1, 4096, warps, cluster_blocks=blocks),
-                       f"{shared}: few rows in flight, so that a row's second walk finds it "
-                       "in L2")]
+            found += _held_twins(Schedule(1, 4096, warps, cluster_blocks=blocks, keep_row=True),
+                                 f"{shared}, each block's share kept in its {{held}}")
+            found.append((Schedule(1, 4096, warps, cluster_blocks=blocks),
+                          f"{shared}: few rows in flight, so that a row's second walk finds "
+                          "it in L2"))
     return found
+
+
+def _held_twins(kept: Schedule, why: str) -> list[tuple[Schedule, str]]:
+    """A kept schedule with its inputs in registers (every load of a share in flight at once,
+    where the writer finds few enough values a thread), then in shared memory."""
+    return [(replace(kept, held=held), why.format(held=HELD_IN[held]))
+            for held in ("registers", "shared")]

@@ -62,10 +62,13 @@ class CudaKernelWriter(CudaValues):
         self.cluster = schedule.cluster_blocks
         # Rows kept: each lane's values of the full-shape inputs, from the first walk that
         # loads them to the last, in shared memory (a slot a lane a column it walks, so that
-        # only the lane that wrote a value reads it: no barrier between walks).
+        # only the lane that wrote a value reads it: no barrier between walks) or in registers
+        # (an array a lane, its walks unrolled whole so that every index is a constant).
         self.keep = schedule.keep_row
+        self.registers = self.keep and schedule.held == "registers"
         share, passes = -(-kernel.column_count // self.splits), self.steps * self.lanes
         self.kept_columns = -(-share // passes) * passes  # a row's share, in whole passes
+        self.passes = self.kept_columns // passes  # of a kept walk
         self.kept: dict[int, int] = {}  # input index -> its slot in `kept`
         self.kept_before: set[int] = set()  # inputs an earlier walk stored
         self.position: str | None = None  # the walk's place in a kept row, inside a kept walk
@@ -98,8 +101,18 @@ class CudaKernelWriter(CudaValues):
         insert_at, saved_memo = len(self.lines), dict(self.memo)
         self.carries, self.after = [], []
         base, step = self.name("base"), self.name("step")
-        self.line(f"for ({self.index} {base} = {start}; {base} < {end}; "
-                  f"{base} += {self.steps} * LANES) {{")
+        kept_walk = self.keep and tuple(symbols) == tuple(
+            self.kernel.symbols[d] for d in self.kernel.columns)
+        walk = self.name("walk") if kept_walk and self.registers else ""
+        if walk:
+            # A fixed count of passes, unrolled: the kept arrays' indices are constants.
+            self.line("#pragma unroll")
+            self.line(f"for (int {walk} = 0; {walk} < {self.passes}; ++{walk}) {{")
+            self.line(f"const {self.index} {base} = {start} + ({self.index}){walk} * "
+                      f"{self.steps} * LANES;")
+        else:
+            self.line(f"for ({self.index} {base} = {start}; {base} < {end}; "
+                      f"{base} += {self.steps} * LANES) {{")
         self.line("#pragma unroll")
         self.line(f"for (int {step} = 0; {step} < {self.steps}; ++{step}) {{")
         self.depth += 1
@@ -109,9 +122,9 @@ class CudaKernelWriter(CudaValues):
         clamped = self.let(f"{inside} ? {column} : {end} - 1", "c", "index")
         self.masks.update(column=inside, both=inside)
         self.counters(clamped, symbols)
-        kept_walk = self.keep and tuple(symbols) == tuple(
-            self.kernel.symbols[d] for d in self.kernel.columns)
-        if kept_walk:
+        if walk:
+            self.position = f"{walk} * {self.steps} + {step}"
+        elif kept_walk:
             self.position = (f"(threadIdx.x / LANES) * {self.kept_columns} + {column} - "
                              f"{start}")
         body()
@@ -134,7 +147,8 @@ class CudaKernelWriter(CudaValues):
                 or not (value.dtype.is_floating_point or value.dtype == torch.bool)):
             return super().load(value, coords)
         slot = self.kept.setdefault(value.index, len(self.kept))
-        at = f"kept[{slot * self.rows_per_block * self.kept_columns} + {self.position}]"
+        at = (f"kept{slot}[{self.position}]" if self.registers else
+              f"kept[{slot * self.rows_per_block * self.kept_columns} + {self.position}]")
         if value.index in self.kept_before:
             return self.let(at, "x")
         loaded = super().load(value, coords)
@@ -144,7 +158,14 @@ class CudaKernelWriter(CudaValues):
     @property
     def kept_bytes(self) -> int:
         """The dynamic shared memory a block's kept rows take."""
+        if self.registers:
+            return 0
         return 4 * len(self.kept) * self.rows_per_block * self.kept_columns
+
+    @property
+    def kept_registers(self) -> int:
+        """The values a thread keeps in registers."""
+        return len(self.kept) * self.passes * self.steps if self.registers else 0
 
     def accumulators(self, reduction: Reduction) -> dict[str, str]:
         slot = {}
@@ -295,8 +316,9 @@ class CudaKernelWriter(CudaValues):
         else:
             self.line("__shared__ long long fold_space[64];")
             self.line("const int lane = threadIdx.x % LANES;")
-        if self.keep:
+        if self.keep and not self.registers:
             self.line("extern __shared__ __align__(16) float kept[];")
+        declare_at = len(self.lines)
         if self.cluster:
             # Every block of the cluster started before any sends to its shared memory.
             self.line(f"constexpr int CLUSTER = {self.cluster};")
@@ -332,6 +354,10 @@ class CudaKernelWriter(CudaValues):
         if strided:
             self.depth -= 1
             self.line("}")
+        indent = self.lines[declare_at - 1][:-len(self.lines[declare_at - 1].lstrip())]
+        self.lines[declare_at:declare_at] = [
+            f"{indent}float kept{slot}[{self.passes * self.steps}];"
+            for slot in (self.kept.values() if self.registers else ())]
         return self.lines
 
     def outputs(self) -> None:
