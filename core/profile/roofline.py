@@ -2,7 +2,10 @@
 
 A kernel cannot beat max(bytes / bandwidth, FLOPs / peak). Bytes count each input read once
 (a broadcast input only over the elements it really has) and each output written once; reads
-are bounded by the datasheet's bandwidth, writes by what a copy attains.
+are bounded by the datasheet's bandwidth, writes by what a copy attains. One input is read
+twice: one that a reduction folds in sets larger than the L2, when the reduction's result then
+works on every element of that input again (a tensor divided by its whole norm): no kernel can
+hold such a set on chip until its statistic is known.
 """
 
 from __future__ import annotations
@@ -96,12 +99,48 @@ def _matrix_flops(node: fx.Node, name: str, out: torch.Tensor) -> int:
     return 0
 
 
+def _read_again(region: Region, peaks: GpuPeaks) -> list[fx.Node]:
+    """The region's inputs read a second time (see the module's docstring)."""
+    inside = set(region.nodes)
+    sources: dict[fx.Node, set[fx.Node]] = {}  # the region's inputs a node depends on
+    upstream: dict[fx.Node, set[fx.Node]] = {}  # the region's nodes a node depends on
+    for node in region.nodes:
+        sources[node], upstream[node] = set(), set()
+        for parent in node.all_input_nodes:
+            if parent in inside:
+                sources[node] |= sources[parent]
+                upstream[node] |= upstream[parent] | {parent}
+            else:
+                sources[node].add(parent)
+
+    def numel(node: fx.Node) -> int:
+        meta = _meta(node)
+        return 0 if meta is None else meta.numel()
+
+    again: set[fx.Node] = set()
+    for node in region.nodes:
+        folded = [t for t in (_meta(a) for a in node.all_input_nodes) if t is not None]
+        if op_info(node).kind is not OpKind.REDUCTION or not folded or _meta(node) is None:
+            continue
+        source = max(folded, key=lambda t: t.numel())
+        sets = max(1, numel(node))
+        if sets >= source.numel() or source.numel() // sets * source.element_size() \
+                <= peaks.l2_bytes:
+            continue
+        if any(node in upstream[user] and numel(user) >= source.numel()
+               for user in region.nodes):
+            again |= {i for i in sources[node] if numel(i) >= source.numel()}
+    return [n for n in region.inputs if n in again]
+
+
 def region_cost(region: Region, peaks: GpuPeaks, allow_tf32: bool = False) -> Cost:
     """The region's floor. fp32 convolutions run at TF32's rate (cuDNN's default, which the
     baseline uses), fp32 matmuls too when the run allows TF32 (`core.timing.precision`)."""
     inputs = [m for m in (_meta(n) for n in region.inputs) if m is not None]
     outputs = [m for m in (_meta(n) for n in region.outputs) if m is not None]
     read = sum(touched_bytes(t) for t in inputs)
+    read += sum(touched_bytes(m) for m in (_meta(n) for n in _read_again(region, peaks))
+                if m is not None)
     written = sum(t.numel() * t.element_size() for t in outputs)
     matrix = vector = 0
     seconds = 0.0
