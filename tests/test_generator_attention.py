@@ -213,6 +213,21 @@ def test_a_head_dimension_over_what_a_program_holds_is_declined(tmp_path):
     assert not proposals.children and "head dimension 1024" in proposals.declined
 
 
+def test_tiles_over_what_shared_memory_holds_are_declined(tmp_path):
+    """GPT-2's masked attention in fp32 (head dim 64): three tf32 products at 128 × 64 tiles
+    fit sm_90's shared memory at two stages, not at three (Triton asked 288 KiB of 227)."""
+    path = attention_problem(tmp_path, *FORMS["gpt2 where with a buffer mask"], torch.float32,
+                             head=64)
+    graph = load_site_graph(path)
+    fitting = AttentionConfig(128, 64, 4, 2, precision="tf32x3")
+    write_attention(graph, fitting)
+    with pytest.raises(Unsupported, match="at least 280 KiB in shared memory, more than "
+                                          "sm_90's 227: fewer stages or smaller tiles"):
+        write_attention(graph, AttentionConfig(128, 64, 4, 3, precision="tf32x3"))
+    for config, _ in attention_drafts(graph):
+        write_attention(graph, config)  # every draft fits
+
+
 def test_the_rules_generator_drafts_and_mutates_attention(tmp_path):
     path = attention_problem(tmp_path, *FORMS["gpt2 where with a buffer mask"], torch.float32)
     generator = RulesGenerator()

@@ -19,7 +19,7 @@ import torch
 
 from generators.codegen import BROADCAST_SHAPE_HELPER, indent
 from generators.site_graph import SiteGraph, Unsupported
-from generators.triton.attention_plan import OUTPUT, SCORES, read_plan
+from generators.triton.attention_plan import OUTPUT, SCORES, Plan, read_plan
 from generators.triton.expressions import tl_dtype, with_jit_helpers
 from generators.triton.precision import DESCRIBED, check_precision, dot_precision
 
@@ -43,6 +43,24 @@ class AttentionConfig:
 # The largest head dimension a program holds whole: a [BLOCK_M, D] accumulator and [BLOCK_N, D]
 # tiles of K and V, in registers and shared memory (FlashAttention's kernels stop at 256 too).
 MAX_HEAD = 256
+# The shared memory a block of sm_90 may take.
+SHARED_BYTES = 227 * 1024
+
+
+def shared_bytes(graph: SiteGraph, plan: Plan, config: AttentionConfig) -> int:
+    """What a program keeps in shared memory, from below: the Q tile, each stage's K and V
+    tiles and the tiles of every operand read over the scores (a mask), fp32 operands of three
+    tf32 products twice over (their hi and lo halves). An fp32 draft of 128 × 64 tiles with a
+    mask comes to 280 KiB here at three stages; Triton asked 288 (bench/NOTES.md, 2026-12-05,
+    17:00-17:33 UTC)."""
+    head_k, head_v = graph.info(plan.q).shape[-1], graph.info(plan.v).shape[-1]
+    halves = 2 if plan.dtype == torch.float32 and config.precision == "tf32x3" else 1
+    size = plan.dtype.itemsize * halves
+    tiles = config.num_stages * config.block_n * (head_k + head_v) * size
+    tile = config.num_stages * config.block_m * config.block_n
+    masks = sum(tile * graph.info(ref).dtype.itemsize for ref, over in plan.operands
+                if over == SCORES)
+    return config.block_m * head_k * size + tiles + masks
 
 _SOURCE = '''"""Kiln rules kernel (triton, attention): {ops}. {config}."""
 
@@ -188,6 +206,11 @@ def write_attention(graph: SiteGraph, config: AttentionConfig) -> str:
         raise Unsupported(f"head dimension {head}, over {MAX_HEAD}: a program holds a query "
                           "tile's whole accumulator and each key tile in registers, which would "
                           "spill (Triton compiled such a kernel for minutes on sm_90)")
+    needed = shared_bytes(graph, plan, config)
+    if needed > SHARED_BYTES:
+        raise Unsupported(f"{config.describe()} keeps at least {needed // 1024} KiB in shared "
+                          f"memory, more than sm_90's {SHARED_BYTES // 1024}: fewer stages or "
+                          "smaller tiles")
     operands = [f"x{i}" for i in range(len(plan.operands))]
     outs = [f"out{k}" for k in range(len(plan.outputs))]
     precision = dot_precision(plan.dtype, config.precision)
