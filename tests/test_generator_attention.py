@@ -221,7 +221,7 @@ def test_tiles_over_what_shared_memory_holds_are_declined(tmp_path):
     graph = load_site_graph(path)
     fitting = AttentionConfig(128, 64, 4, 2, precision="tf32x3")
     write_attention(graph, fitting)
-    with pytest.raises(Unsupported, match="at least 280 KiB in shared memory, more than "
+    with pytest.raises(Unsupported, match="at least 256 KiB in shared memory, more than "
                                           "sm_90's 227: fewer stages or smaller tiles"):
         write_attention(graph, AttentionConfig(128, 64, 4, 3, precision="tf32x3"))
     for config, _ in attention_drafts(graph):

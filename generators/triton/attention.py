@@ -48,19 +48,18 @@ SHARED_BYTES = 227 * 1024
 
 
 def shared_bytes(graph: SiteGraph, plan: Plan, config: AttentionConfig) -> int:
-    """What a program keeps in shared memory, from below: the Q tile, each stage's K and V
-    tiles and the tiles of every operand read over the scores (a mask), fp32 operands of three
-    tf32 products twice over (their hi and lo halves). An fp32 draft of 128 × 64 tiles with a
-    mask comes to 280 KiB here at three stages; Triton asked 288 (bench/NOTES.md, 2026-12-05,
-    17:00-17:33 UTC)."""
+    """What a program keeps in shared memory, counted from below: the Q tile and each stage's
+    K and V tiles, fp32 operands of three tf32 products twice over (their hi and lo halves).
+    An fp32 draft of 128 × 64 tiles at three stages comes to 256 KiB here; Triton asked 288
+    (bench/NOTES.md, 2026-12-05, 17:00-17:33 UTC). What else Triton keeps there (the
+    probabilities' tile, a mask's) depends on its pipeliner, so it is left out: a config
+    refused here fails on the GPU for certain."""
     head_k, head_v = graph.info(plan.q).shape[-1], graph.info(plan.v).shape[-1]
     halves = 2 if plan.dtype == torch.float32 and config.precision == "tf32x3" else 1
     size = plan.dtype.itemsize * halves
     tiles = config.num_stages * config.block_n * (head_k + head_v) * size
-    tile = config.num_stages * config.block_m * config.block_n
-    masks = sum(tile * graph.info(ref).dtype.itemsize for ref, over in plan.operands
-                if over == SCORES)
-    return config.block_m * head_k * size + tiles + masks
+    return config.block_m * head_k * size + tiles
+
 
 _SOURCE = '''"""Kiln rules kernel (triton, attention): {ops}. {config}."""
 
