@@ -242,10 +242,10 @@ def profiled_forward(problem_path: Path, candidate_path: Path, seed: int,
     start_cuda()
     # The compilers' caches (`profile_caches`; beside the candidate where none was given) are
     # made and named behind the walls, so that compiling there can write them.
-    caches = []
-    for name, default in profile_caches(candidate_path.parent / "caches").items():
-        caches.append(Path(os.environ.setdefault(name, default)))
-        caches[-1].mkdir(parents=True, exist_ok=True)
+    caches = [Path(os.environ.setdefault(name, default)) for name, default
+              in profile_caches(candidate_path.parent / "caches").items()]
+    for cache in caches:
+        cache.mkdir(parents=True, exist_ok=True)
     # ncu's injected library talks to ncu over sockets of its own: TCP stays open here.
     restrict_writes([candidate_path.parent, Path(tempfile.gettempdir()), *caches,
                      *device_paths("cuda")], tcp=True)

@@ -49,7 +49,6 @@ from core.evaluate.transport import PAGE
 from core.evaluate.trial import Models, Trial, judge_failure, run_trial
 from core.evaluate.verdict import Reason, Verdict
 from core.evaluate.zygote import Zygote
-from core.runtime.errors import out_of_memory
 from core.runtime.problem_loader import (
     Problem,
     load_problem,
@@ -174,12 +173,9 @@ class Judge:
             verdict.correct = verdict.accepted = False
             return verdict, rejection.healthy and context_healthy(device)
         except Exception as err:  # the judge's own failure is this candidate's verdict
-            verdict.reason_code = (Reason.JUDGE_OUT_OF_MEMORY if out_of_memory(err)
-                                   else Reason.JUDGE_ERROR)
+            failure = judge_failure(err, "judging this candidate")
+            verdict.reason_code, verdict.reason = failure.code, failure.reason
             verdict.correct = False
-            verdict.reason = ("the evaluator ran out of device memory judging this candidate"
-                              if out_of_memory(err) else
-                              "the evaluator failed judging this candidate")
             verdict.compile_log = traceback.format_exc()
             return verdict, False
         finally:

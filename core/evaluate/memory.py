@@ -210,10 +210,10 @@ class DeviceLedger:
         """Hold `needed` bytes. A "candidate" (or a run's own "step") first waits until they
         fit beside every other holding (a candidate: and in what the GPU has free), or until no
         other candidate or step is held anywhere (then it goes however large); a "process"
-        holding (what a process keeps on the GPU
-        whatever it does) is taken at once. A holding that came after one that has waited
-        `patience_s` waits behind it, even where it would fit: small candidates arriving one
-        after another never keep a large step (a run's profiling, say) out for good."""
+        holding (what a process keeps on the GPU whatever it does) is taken at once. A holding
+        that came after one that has waited `patience_s` waits behind it, even where it would
+        fit: small candidates arriving one after another never keep a large step (a run's
+        profiling, say) out for good."""
         number = next(_NUMBERS)
         key, waiter = f"{os.getpid()}:{kind}:{number}", f"{os.getpid()}:waiting:{number}"
         since = time.time()

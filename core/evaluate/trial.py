@@ -64,11 +64,13 @@ class Models:
 
 
 def judge_failure(err: BaseException, doing: str) -> Rejected:
-    """The judge's own work failed (not the candidate's): out of memory drawing inputs, say."""
+    """The judge's own work failed (not the candidate's): out of memory drawing inputs or in
+    the reference's forward, say."""
     if out_of_memory(err):
         return Rejected(Reason.JUDGE_OUT_OF_MEMORY,
-                        f"the evaluator ran out of device memory {doing}: the problem's inputs "
-                        f"do not fit beside what else holds the device ({error_line(err)})",
+                        f"the evaluator ran out of device memory {doing}: what judging the "
+                        f"problem takes does not fit beside what else holds the device "
+                        f"({error_line(err)})",
                         healthy=False)
     return Rejected(Reason.JUDGE_ERROR, f"the evaluator failed {doing}: {error_line(err)}",
                     healthy=False)

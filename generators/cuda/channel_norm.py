@@ -30,6 +30,7 @@ from generators.channel_site import ChannelSite, channel_norm, stride_args, view
 from generators.codegen import indent, op_refs, ops_needed
 from generators.cuda.cluster import CLUSTER_HELPERS
 from generators.cuda.cluster_shares import (
+    CLUSTER_NORMS,
     SHARED_LIMIT,
     ClusterNormConfig,
     held_limit,
@@ -281,7 +282,7 @@ def write_cuda_channel_norm(graph: SiteGraph, config: ClusterNormConfig) -> str:
     if config.held == "registers" and config.vector == 1:
         raise Unsupported("values held in registers need vectors: the kernel for any strides "
                           "holds its share in shared memory")
-    norm = channel_norm(graph, ("group_norm", "instance_norm", "batch_norm"))
+    norm = channel_norm(graph, CLUSTER_NORMS)
     site, anchor, weight, bias, groups = norm.site, norm.op, norm.weight, norm.bias, norm.groups
     kind = anchor.name
     n, c = site.shape[0], site.shape[1]

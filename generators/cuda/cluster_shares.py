@@ -11,6 +11,8 @@ from generators.site_graph import SiteGraph
 
 # The most dynamic shared memory a block may opt into on sm_90 (227 KB), less the static part.
 SHARED_LIMIT = 227 * 1024 - 1024
+# The norms the cluster kernel takes (instance norm as group norm with a group a channel).
+CLUSTER_NORMS = ("group_norm", "instance_norm", "batch_norm")
 
 
 
@@ -62,7 +64,7 @@ def register_threads(graph: SiteGraph, cluster: int, most: int = 64,
     group norm 16×512×64² ran fastest at 64 values a thread (8 × 128, ahead of 32 at 8 × 256)
     and batch norm 32×256×56² at 40 (8 × 320, ahead of 52 at 8 × 256), so the rules draft
     both 64 and 40 (bench/NOTES.md, eighth round)."""
-    _, set_size = set_sizes(channel_norm(graph, ("group_norm", "instance_norm", "batch_norm")))
+    _, set_size = set_sizes(channel_norm(graph, CLUSTER_NORMS))
     share = share_of(set_size, cluster, vector)
     threads = max(128, -(-share // (most * 64)) * 64)
     held = steps_of(share, threads, vector) * vector

@@ -139,8 +139,8 @@ class CudaKernelWriter(CudaValues):
         self.memo = saved_memo
 
     def load(self, value: Input, coords: Coords) -> str:
-        """A full-shape input's value in a kept walk: loaded and kept in shared memory by the
-        first walk that reads it, read from there by the later ones."""
+        """A full-shape input's value in a kept walk: loaded and kept (in shared memory or in
+        registers) by the first walk that reads it, read from there by the later ones."""
         natural = tuple(Expr.of(symbol) for symbol in self.kernel.symbols)
         if (self.position is None or tuple(value.shape) != tuple(self.kernel.domain)
                 or coords != natural

@@ -49,11 +49,12 @@ def write_cuda_program(program: Program, schedule: Schedule, ops: str) -> str:
         if writer.kept_bytes > SHARED_LIMIT:
             raise Unsupported(f"rows kept in shared memory take {writer.kept_bytes // 1024} KB "
                               f"a block, more than sm_90 has: share each row among more blocks")
-        if writer.kept_registers > held_limit(writer.threads):
+        most = held_limit(writer.threads)
+        if writer.kept_registers > most:
             raise Unsupported(f"rows kept in registers take {writer.kept_registers} values a "
-                              f"thread, more than the {held_limit(writer.threads)} that stay "
-                              f"in registers at {writer.threads} threads: keep them in shared "
-                              "memory, or share each row among more blocks")
+                              f"thread, more than the {most} that stay in registers at "
+                              f"{writer.threads} threads: keep them in shared memory, or share "
+                              "each row among more blocks")
         parameters = ",\n    ".join(writer.parameter_types())
         clustered = clustered or bool(writer.cluster)
         cluster = f" __cluster_dims__(1, {writer.cluster}, 1)" if writer.cluster else ""
