@@ -96,7 +96,8 @@ class CandidateProcess:
         self.pid, self.sock = zygote.spawn(scratch, device.type, limits)
         self.side = JudgeSide()
         self.phase = "compile"
-        self.ended = False
+        self.ended = self.exited = False
+        self.unsure: list[int] = []  # buffers it may hold: asked to let go, it gave no answer
 
     def build(self, candidate_path: Path, module_name: str, init: list[object], seed: int,
               tf32: bool, deadline: float) -> None:
@@ -118,8 +119,13 @@ class CandidateProcess:
     def call(self, inputs: list[object], deadline: float) -> CallResult:
         records, fds = self.side.encode_inputs(inputs)
         synchronize(self.device)  # the judge's copies are in memory before the call reads them
-        reply, reply_fds = self.request(
-            {"op": "call", "inputs": records, "forget": self.side.take_dropped()}, fds, deadline)
+        forget = self.side.take_dropped()
+        try:
+            reply, reply_fds = self.request(
+                {"op": "call", "inputs": records, "forget": forget}, fds, deadline)
+        except Rejected:
+            self.unsure += forget
+            raise
         self.side.keep = []
         used: set[int] = set()
         try:
@@ -147,8 +153,12 @@ class CandidateProcess:
         IPC keeps memory allocated, and a trial's copies would pile up on the last ones)."""
         if self.device.type != "cuda" or not self.side.dropped:
             return
-        reply, fds = self.request({"op": "forget", "numbers": self.side.take_dropped()}, [],
-                                  deadline)
+        numbers = self.side.take_dropped()
+        try:
+            reply, fds = self.request({"op": "forget", "numbers": numbers}, [], deadline)
+        except Rejected:
+            self.unsure += numbers
+            raise
         close_unused(fds, set())
         if reply.get("type") == "error":
             raise classify(reply.get("error", {}))
@@ -158,19 +168,27 @@ class CandidateProcess:
         """Before the process ends: it lets go of every buffer of the judge's it holds, and the
         judge frees them. A process that ends holding some never gives them back: CUDA IPC keeps
         them allocated in the judge for as long as the judge lives (an input's size each, GBs at
-        real sizes). False when some are still held (the process died, or would not answer)."""
+        real sizes), so once a process that died or was killed holding some has exited, the
+        judge gives back its references itself. False when some may still be held: the process
+        would not answer a request to let go of them, or did not exit."""
         if self.device.type != "cuda":
             return True
-        numbers = sorted(self.side.sent) + self.side.take_dropped()
-        if numbers and not self.ended:
-            with contextlib.suppress(Rejected):
-                reply, fds = self.request({"op": "forget", "numbers": numbers}, [], deadline)
-                close_unused(fds, set())
-                if reply.get("type") == "forgotten":
-                    numbers = []
+        held = sorted(self.side.sent) + self.side.take_dropped()
         self.side.sent.clear()
+        if held and not self.ended:
+            reply: dict[str, Any] = {}
+            with contextlib.suppress(Rejected):
+                reply, fds = self.request({"op": "forget", "numbers": held}, [], deadline)
+                close_unused(fds, set())
+            if reply.get("type") != "forgotten":
+                self.unsure += held  # it may have let go of some before it failed
+            held = []
+        if held and self.end():
+            self.side.release_counts(held)
+        elif held:
+            self.unsure += held
         torch.cuda.ipc_collect()
-        return not numbers
+        return not self.unsure
 
     def kernel_report(self, deadline: float) -> dict[str, Any]:
         """What the compiler made of the candidate's Triton kernels, read in its process."""
@@ -214,6 +232,10 @@ class CandidateProcess:
         self.ended = True
         self.sock.close()
         ended = self.zygote.exit_of(self.pid, EXIT_WAIT_S)
+        if ended is None:
+            with contextlib.suppress(OSError):
+                self.zygote.kill(self.pid)
+        self.exited = ended is not None
         compiled = self.phase != "compile"
         if (ended is not None and ended.signal in (signal.SIGKILL, signal.SIGXCPU)
                 and ended.cpu_seconds >= self.limits.cpu_seconds - 0.5):
@@ -240,6 +262,14 @@ class CandidateProcess:
             self.sock.close()
             with contextlib.suppress(OSError):
                 self.zygote.kill(self.pid)
+
+    def end(self) -> bool:
+        """Kill the process if it still runs and wait until it has exited, its mappings of the
+        judge's memory gone with it: whether it has within EXIT_WAIT_S."""
+        self.kill()
+        if not self.exited:
+            self.exited = self.zygote.wait_killed(self.pid, EXIT_WAIT_S)
+        return self.exited
 
     def close(self) -> None:
         self.kill()

@@ -27,6 +27,7 @@ from core.evaluate.transport import (
     map_region,
     new_region,
     raw_bytes,
+    reference_count,
     storage_span,
     typed_view,
 )
@@ -122,6 +123,9 @@ class JudgeSide:
         self.count = 0
         self.sent: set[int] = set()
         self.dropped: list[int] = []
+        # Each CUDA buffer's IPC reference count, as its export named it: what the receiver
+        # gives back when it lets go of the buffer (`release_counts`).
+        self.counts: dict[int, tuple[bytes, int]] = {}
         self.keep: list[object] = []  # one-off copies, alive until their message is sent
 
     def shared_copy(self, source: torch.Tensor, label: str, lead: int = 0) -> SharedInput:
@@ -161,6 +165,7 @@ class JudgeSide:
             record = {"number": shared.number}
             if shared.number not in self.sent:
                 record["cuda"] = export_cuda(tensor)
+                self.counts[shared.number] = reference_count(record["cuda"])
         else:
             assert shared.buffer is not None and shared.buffer.region is not None
             region = shared.buffer.region
@@ -174,6 +179,16 @@ class JudgeSide:
     def take_dropped(self) -> list[int]:
         dropped, self.dropped = self.dropped, []
         return dropped
+
+    def release_counts(self, numbers: list[int]) -> None:
+        """Give back, for a receiver that has exited, its reference to each of the CUDA buffers
+        `numbers` it still held: a process that ends holding one never gives it back itself,
+        and the buffer would stay allocated for as long as this process lives. Only once the
+        receiver has exited (its mappings gone with it)."""
+        for number in numbers:
+            count = self.counts.pop(number, None)
+            if count is not None:
+                torch.UntypedStorage._release_ipc_counter_cuda(*count)
 
 
 def empty_tensor(record: dict[str, Any], device: torch.device) -> torch.Tensor:

@@ -196,6 +196,8 @@ class Judge:
         is not fit to go on: `held_for_the_dead`); on CUDA the verdict's peak is the judge's
         and its."""
         peak, launchers = None, None
+        if verdict.reason_code is Reason.CUDA_ERROR:
+            process.kill()  # its context is unusable: it could answer nothing more
         if device.type == "cuda":
             peak = torch.cuda.max_memory_allocated(device)
             if not process.ended:

@@ -210,6 +210,13 @@ def export_cuda(tensor: torch.Tensor) -> dict[str, Any]:
     return record
 
 
+def reference_count(record: dict[str, Any]) -> tuple[bytes, int]:
+    """Where an exported CUDA tensor's IPC reference count lives: its file and offset."""
+    handle = record["ref_counter_handle"]
+    return (base64.b64decode(handle) if isinstance(handle, str) else handle,
+            int(record["ref_counter_offset"]))
+
+
 def import_cuda(record: dict[str, Any]) -> torch.Tensor:
     from torch.multiprocessing.reductions import rebuild_cuda_tensor
 

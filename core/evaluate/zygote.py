@@ -305,8 +305,15 @@ class Zygote:
 
     def kill(self, pid: int) -> None:
         """Kill the candidate's process `pid`; its exit report is not waited for."""
-        send(self.sock, {"op": "kill", "pid": pid})
         self.dropped.add(pid)
+        send(self.sock, {"op": "kill", "pid": pid})
+
+    def wait_killed(self, pid: int, timeout_s: float) -> bool:
+        """Whether the candidate's process `pid`, killed by `kill`, has exited: waits for its
+        exit report `timeout_s` at most."""
+        if pid in self.dropped:
+            self._next(lambda m: m.get("type") == "exited" and m.get("pid") == pid, timeout_s)
+        return pid not in self.dropped
 
     def exit_of(self, pid: int, timeout_s: float) -> Exit | None:
         """How the candidate's process `pid` ended, once it has."""
