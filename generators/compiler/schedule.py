@@ -38,6 +38,9 @@ ROWS_TILE = 4096
 # long is worth a launch of its own per reduction level.
 FEW_ROWS = 512
 SPLIT_LOOP = 1 << 16
+# The most programs a launch's second grid dimension takes (CUDA's limit on gridDim.y): past
+# it, each program walks several blocks of its row's columns.
+MAX_SPLITS = 65535
 
 
 HELD_IN = {"shared": "shared memory", "registers": "registers"}
@@ -93,8 +96,8 @@ class Schedule:
         if kernel.scan_dim is not None:
             return 1
         if kernel.reductions:
-            return self.cluster_blocks or self.splits
-        return max(1, -(-kernel.column_count // self.block_columns))
+            return self.cluster_blocks or min(self.splits, MAX_SPLITS)
+        return min(MAX_SPLITS, max(1, -(-kernel.column_count // self.block_columns)))
 
 
 def _pow2(n: int) -> int:

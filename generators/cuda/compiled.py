@@ -94,6 +94,8 @@ class CudaKernelWriter(CudaValues):
         together); every lane runs every step (a lane past the end works on the last column and
         `inside` says so), so that shuffles in the body see them all."""
         share = -(-size // self.splits)
+        if not self.kernel.reductions:  # whole passes: no pass of a share left nearly empty
+            share = -(-share // (self.steps * self.lanes)) * self.steps * self.lanes
         start, end = self.name("start"), self.name("end")
         self.line(f"const {self.index} {start} = ({self.index})blockIdx.y * {share};")
         self.line(f"const {self.index} {end} = {start} + {share} < {size} ? {start} + {share} "
