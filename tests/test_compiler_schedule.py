@@ -10,7 +10,7 @@ import re
 import pytest
 
 from generators.codegen import SM_COUNT_LINE
-from generators.compiler.schedule import Schedule, drafts
+from generators.compiler.schedule import Schedule, cuda_drafts, drafts
 from generators.compiler.site import program_of
 from generators.cuda.program import write_cuda_compiled
 from generators.mutations import neighbours
@@ -67,8 +67,8 @@ def test_the_search_moves_the_programs_per_sm_a_rung_at_a_time():
 
 
 R, S = "registers", "shared"
-SHARED_AND_KEPT = [(8, True, R), (8, True, S), (8, False, S),
-                   (4, True, R), (4, True, S), (4, False, S)]
+SHARED_AND_KEPT = [(8, True, S), (8, True, R), (8, False, S),
+                   (4, True, S), (4, True, R), (4, False, S)]
 
 
 @pytest.mark.parametrize(("body", "shape", "cuda_only"), [
@@ -79,7 +79,7 @@ SHARED_AND_KEPT = [(8, True, R), (8, True, S), (8, False, S),
     ("torch.softmax(x, dim=-1)", "(512, 393216)", [(8, True, S), (8, False, S), (4, False, S)]),
     # 125 KB rows, kept whole by one block (64 values a thread: registers still hold them);
     # 32 MB in all, which L2 holds
-    ("torch.log_softmax(x, dim=-1)", "(256, 32000)", [(0, True, R), (0, True, S)]),
+    ("torch.log_softmax(x, dim=-1)", "(256, 32000)", [(0, True, S), (0, True, R)]),
     (NORM, "(64, 65535)", []),  # 16 MB: L2 holds every row in flight already
     ("x.sum(dim=-1)", "(4096, 65535)", []),  # one walk a row
     ("torch.softmax(x, dim=-1)", "(65536, 4096)", []),  # rows held whole in registers
@@ -97,6 +97,23 @@ def test_the_cuda_tier_keeps_long_rows_on_chip_or_shares_them_over_a_cluster(
     triton = RulesGenerator().propose(problem, None, n=8).children
     assert not any(p.settings.get("cluster_blocks") or p.settings.get("keep_row")
                    for p in triton)
+
+
+@pytest.mark.parametrize(("body", "shape", "warps"), [
+    # an eighth of a 1.5 MB row, 196 KB a block: one block an SM (a quarter, 384 KB, is
+    # drafted too, and declined by the writer)
+    ("torch.softmax(x, dim=-1)", "(512, 393216)", {8: 32, 4: 32}),
+    # 32 KB and 64 KB a block: several blocks an SM
+    (NORM, "(4096, 65535)", {8: 16, 4: 16}),
+])
+def test_a_block_alone_on_its_sm_takes_every_thread_it_runs(tmp_path, body, shape, warps):
+    program = program_of(load_site_graph(one_input_problem(tmp_path, body,
+                                                           f"torch.randn{shape}")))
+    main = max(program.steps, key=lambda step: step.kernel.row_count * step.kernel.column_count)
+    kept = {s.cluster_blocks: (s.num_warps, why) for s, why in cuda_drafts(main.kernel)
+            if s.keep_row and s.held == "shared"}
+    assert {blocks: n for blocks, (n, _) in kept.items()} == warps, kept
+    assert all(f"blocks of {32 * n} threads" in why for n, why in kept.values()), kept
 
 
 def test_a_row_too_long_for_shared_memory_is_declined_with_the_fix(tmp_path):

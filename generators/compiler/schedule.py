@@ -158,6 +158,9 @@ def drafts(kernel: Kernel) -> list[tuple[Schedule, str]]:
 CLUSTER_DRAFTS = ((8, 16), (4, 16))
 # The longest row one block keeps whole in shared memory: 227 KB of fp32 less a pass.
 KEPT_ROW = 227 * 1024 // 4 - 4096
+# Shared memory an sm_90 SM has (a block may take 227 KB of it), and the most warps a block has.
+SM_SHARED = 228 * 1024
+MAX_WARPS = 32
 
 
 def cuda_drafts(kernel: Kernel) -> list[tuple[Schedule, str]]:
@@ -172,23 +175,30 @@ def cuda_drafts(kernel: Kernel) -> list[tuple[Schedule, str]]:
         return []
     found = []
     if loop <= KEPT_ROW:
-        found += _held_twins(Schedule(1, 4096, 16, keep_row=True),
-                             f"rows of {loop} values, each kept in a block's {{held}} from its "
-                             "first walk to its last: one read of the inputs")
+        found += _held_twins(Schedule(1, 4096, 16, keep_row=True), loop,
+                             f"rows of {loop} values, each kept in the {{held}} of a block of "
+                             "{threads} threads from its first walk to its last: one read of "
+                             "the inputs")
     if math.prod(kernel.domain) * 4 > GpuPeaks().l2_bytes:
         for blocks, warps in CLUSTER_DRAFTS:
             shared = (f"rows of {loop} values, each shared by a cluster of {blocks} blocks of "
-                      f"{32 * warps} threads that exchange their partial results")
+                      "{threads} threads that exchange their partial results")
             found += _held_twins(Schedule(1, 4096, warps, cluster_blocks=blocks, keep_row=True),
-                                 f"{shared}, each block's share kept in its {{held}}")
+                                 -(-loop // blocks), f"{shared}, each block's share kept in its "
+                                                     "{held}")
             found.append((Schedule(1, 4096, warps, cluster_blocks=blocks),
-                          f"{shared}: few rows in flight, so that a row's second walk finds "
-                          "it in L2"))
+                          shared.format(threads=32 * warps) + ": few rows in flight, so that "
+                          "a row's second walk finds it in L2"))
     return found
 
 
-def _held_twins(kept: Schedule, why: str) -> list[tuple[Schedule, str]]:
-    """A kept schedule with its inputs in registers (every load of a share in flight at once,
-    where the writer finds few enough values a thread), then in shared memory."""
-    return [(replace(kept, held=held), why.format(held=HELD_IN[held]))
-            for held in ("registers", "shared")]
+def _held_twins(kept: Schedule, share: int, why: str) -> list[tuple[Schedule, str]]:
+    """A kept schedule of `share` values a block with its inputs in shared memory, then in
+    registers (every load of a share in flight at once, where the writer finds few enough values
+    a thread). A share in shared memory of more than half an SM's leaves its block alone on its
+    SM, so that block takes every thread an SM runs, as many loads in flight as two blocks would
+    have (bench/NOTES.md, round of 2026-12-06 10:02 UTC: 23_Softmax's 196 KB shares)."""
+    alone = share * 4 > SM_SHARED // 2
+    twins = (replace(kept, held="shared", num_warps=MAX_WARPS if alone else kept.num_warps),
+             replace(kept, held="registers"))
+    return [(s, why.format(held=HELD_IN[s.held], threads=32 * s.num_warps)) for s in twins]
