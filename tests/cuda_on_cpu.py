@@ -48,7 +48,7 @@ from typing import Any
 
 import torch
 
-from core.runtime.cuda import wrap_source
+from core.runtime.cuda import MAX_DYNAMIC_SHARED, launch_error, wrap_source
 
 COMPILER = ["g++", "-std=c++20", "-O1", "-fPIC", "-shared", "-fvisibility=hidden",
             # CUDA code puns types through pointers; results must not depend on the host's FMA.
@@ -75,8 +75,6 @@ COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
 # `extern __shared__ [__align__(n)] type name[];`: the launch's dynamic shared memory.
 DYNAMIC_SHARED = re.compile(r"extern\s+__shared__\s+(__align__\s*\(\s*\d+\s*\)\s+)?"
                             r"([A-Za-z_][\w ]*?)\s+(\w+)\s*\[\s*\]\s*;")
-# The most dynamic shared memory a sm_90 block may opt into (227 KB).
-DYNAMIC_SHARED_BYTES = 227 * 1024
 # pycuda's argument codes (struct's), as the size class the prelude's `code` gives a parameter.
 SIZE_CLASS = {"P": "P", "f": "f", "d": "d", "b": "b", "B": "b", "h": "h", "H": "h", "i": "i",
               "I": "i", "l": "q", "L": "q", "q": "q", "Q": "q"}
@@ -116,7 +114,7 @@ def compile_source(source: str) -> Library:
     bounds = kernels_of(source)
     source = DYNAMIC_SHARED.sub(
         lambda m: f"{m.group(1) or ''}__shared__ {m.group(2)} {m.group(3)}"
-                  f"[{DYNAMIC_SHARED_BYTES} / sizeof({m.group(2)})];", source)
+                  f"[{MAX_DYNAMIC_SHARED} / sizeof({m.group(2)})];", source)
     text = (PRELUDE + wrap_source(source) + '#line 1 "launchers.cpp"\n'
             + "".join(LAUNCHER.format(name=name) for name in bounds))
     key = hashlib.sha256("\0".join([*COMPILER, text]).encode()).hexdigest()
@@ -166,15 +164,13 @@ class Kernel:
         args: Sequence[Any],
         shared_mem: int = 0,
     ) -> None:
+        problem = launch_error(grid, block, shared_mem)
+        if problem is not None:
+            raise ValueError(f"{self.name}: {problem}")
         threads = block[0] * block[1] * block[2]
-        if min(*grid, *block) < 1 or threads > 1024 or max(grid[1:]) > 65535:
-            raise ValueError(f"{self.name}: no GPU launches grid {grid} of blocks {block}")
         if self.max_threads is not None and threads > self.max_threads:
             raise ValueError(f"{self.name}: {threads} threads a block, past its "
                              f"__launch_bounds__({self.max_threads})")
-        if shared_mem > DYNAMIC_SHARED_BYTES:
-            raise ValueError(f"{self.name}: {shared_mem} bytes of dynamic shared memory, more "
-                             f"than a sm_90 block may have ({DYNAMIC_SHARED_BYTES})")
         if len(args) != len(self.arg_types):
             raise TypeError(f"{self.name} takes {len(self.arg_types)} arguments, "
                             f"given {len(args)}")

@@ -337,6 +337,19 @@ def test_a_launch_past_the_launch_bounds_is_refused():
         kernel(grid=(1, 1, 1), block=(256, 1, 1), args=(torch.zeros(1),))
 
 
+@pytest.mark.parametrize(("grid", "block", "why"), [
+    ((1, 65536, 1), (128, 1, 1), "65535 along y and z: put the largest count on x"),
+    ((0, 1, 1), (128, 1, 1), "an empty dimension: skip the launch"),
+    ((1, 1, 1), (32, 32, 2), "a block has at most 1024"),
+])
+def test_a_launch_no_gpu_takes_is_refused_with_the_limit_it_passes(grid, block, why):
+    """The runtime's own check (`core.runtime.cuda.launch_error`), where the driver says only
+    "invalid argument"."""
+    kernel = load_kernel("__global__ void k(float* out) {}", "k", "P")
+    with pytest.raises(ValueError, match=why):
+        kernel(grid=grid, block=block, args=(torch.zeros(1),))
+
+
 REVERSE = r"""
 extern __shared__ __align__(16) float staged[];
 __global__ void reverse(const float* x, float* out, int n) {

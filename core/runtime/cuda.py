@@ -67,12 +67,34 @@ def compile_module(source: str, options: Sequence[str] = ()) -> Any:
     return _modules[key]
 
 
+# The most dynamic shared memory a sm_90 block may opt into.
+MAX_DYNAMIC_SHARED = 227 * 1024
+
+
+def launch_error(grid: tuple[int, int, int], block: tuple[int, int, int],
+                 shared_mem: int = 0) -> str | None:
+    """Why no sm_90 GPU takes this launch, or None: the driver itself says only "invalid
+    argument"."""
+    if min(*grid, *block) < 1:
+        return (f"grid {grid} of blocks {block} has an empty dimension: skip the launch when "
+                "there is no work")
+    if grid[0] > 2**31 - 1 or max(grid[1:]) > 65535:
+        return (f"grid {grid}: CUDA takes at most 2**31 - 1 blocks along x and 65535 along y "
+                "and z: put the largest count on x, or have each block walk several")
+    if block[0] * block[1] * block[2] > 1024 or block[2] > 64:
+        return f"blocks of {block} threads: a block has at most 1024 (64 along z)"
+    if shared_mem > MAX_DYNAMIC_SHARED:
+        return (f"{shared_mem} bytes of dynamic shared memory, more than a sm_90 block may have "
+                f"({MAX_DYNAMIC_SHARED})")
+    return None
+
+
 class Kernel:
     """A `__global__` function; `arg_types` as in pycuda: "P" pointer, "i" int32, "f" float."""
 
-    def __init__(self, function: Any, arg_types: str) -> None:
+    def __init__(self, function: Any, arg_types: str, name: str = "kernel") -> None:
         self.function = function.prepare(arg_types)
-        self.arg_types = arg_types
+        self.arg_types, self.name = arg_types, name
         self.shared_allowed = 48 * 1024  # dynamic shared memory a block gets without opting in
 
     def __call__(
@@ -82,6 +104,9 @@ class Kernel:
         args: Sequence[Any],
         shared_mem: int = 0,
     ) -> None:
+        problem = launch_error(grid, block, shared_mem)
+        if problem is not None:
+            raise ValueError(f"{self.name}: {problem}")
         raw = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
         if shared_mem > self.shared_allowed:
             import pycuda.driver as drv
@@ -118,7 +143,7 @@ def _side_stream(device_index: int) -> tuple[Any, torch.cuda.ExternalStream]:
 
 
 def load_kernel(source: str, name: str, arg_types: str, options: Sequence[str] = ()) -> Kernel:
-    return Kernel(compile_module(source, options).get_function(name), arg_types)
+    return Kernel(compile_module(source, options).get_function(name), arg_types, name)
 
 
 def nvcc_check(source: str, arch: str = "sm_90", nvcc: str | None = None) -> tuple[bool, str]:
