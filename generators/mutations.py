@@ -50,7 +50,7 @@ LADDERS: dict[str, tuple[int | bool | str, ...]] = {
     "splits": (1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
     # 0 (one program a block of rows) is the top rung: the most programs in flight.
     "resident_per_sm": (1, 2, 4, 0),
-    "cluster_blocks": (2, 4, 8),
+    "cluster_blocks": (2, 4, 8, 16),
     "keep_row": (False, True),
     # tf32 alone is no rung: it changes the answer, and is for runs that allow it.
     "precision": ("ieee", "tf32x3"),

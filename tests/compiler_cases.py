@@ -40,15 +40,17 @@ TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 FORCED = (Schedule(2, 8, 4), Schedule(1, 8, 4, splits=3), Schedule(2, 8, 4, resident_per_sm=1))
 # The CUDA tier's own: rows kept on chip between their walks, in shared memory (a row a block,
 # two, and two striding) and in registers (a row a block, two striding), and on a GPU clusters:
-# a row shared by two blocks, two rows a block shared by four with their inputs kept in either
-# (the CPU's stand-in for CUDA runs no clusters).
+# a row shared by two blocks, two rows a block shared by four with their inputs kept in either,
+# and a row shared by sixteen (launched through the driver: `core.runtime.cuda.DriverKernel`;
+# the CPU's stand-in for CUDA runs no clusters).
 KEPT = (Schedule(1, 8, 4, keep_row=True), Schedule(2, 8, 4, keep_row=True),
         Schedule(2, 8, 4, resident_per_sm=1, keep_row=True),
         Schedule(1, 8, 4, keep_row=True, held="registers"),
         Schedule(2, 8, 4, resident_per_sm=1, keep_row=True, held="registers"))
 CLUSTERED = (Schedule(1, 8, 4, cluster_blocks=2),
              Schedule(2, 8, 4, cluster_blocks=4, keep_row=True),
-             Schedule(2, 8, 4, cluster_blocks=4, keep_row=True, held="registers"))
+             Schedule(2, 8, 4, cluster_blocks=4, keep_row=True, held="registers"),
+             Schedule(1, 8, 4, cluster_blocks=16, keep_row=True))
 DTYPES = {"fp32": "torch.float32", "fp16": "torch.float16", "bf16": "torch.bfloat16"}
 
 

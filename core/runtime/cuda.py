@@ -13,12 +13,19 @@ pycuda shares torch's CUDA context (the device's primary context). pycuda can la
 own streams or the legacy default stream, so a launch goes on the legacy default stream when
 torch's current stream is the default stream (the same stream, so it is ordered), and otherwise
 on a pycuda stream that torch sees as an `ExternalStream`, fenced on both sides with events.
+
+A kernel whose thread-block clusters have more than 8 blocks (`__cluster_dims__`) needs a
+function attribute pycuda cannot set; it is loaded and launched through the CUDA driver itself
+(ctypes), on torch's current stream.
 """
 
 from __future__ import annotations
 
 import atexit
+import ctypes
 import hashlib
+import math
+import re
 import shutil
 import subprocess
 import tempfile
@@ -142,7 +149,106 @@ def _side_stream(device_index: int) -> tuple[Any, torch.cuda.ExternalStream]:
     return _side_streams[device_index]
 
 
-def load_kernel(source: str, name: str, arg_types: str, options: Sequence[str] = ()) -> Kernel:
+# The most blocks a cluster may have without CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED.
+PORTABLE_CLUSTER = 8
+_CLUSTER_DIMS = r"__cluster_dims__\s*\(\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*\)"
+# cuda.h's values.
+_MAX_DYNAMIC_SHARED_SIZE_BYTES, _NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 8, 14
+# pycuda's argument codes, as ctypes values.
+_ARGUMENTS = {"P": ctypes.c_uint64, "i": ctypes.c_int32, "I": ctypes.c_uint32,
+              "q": ctypes.c_int64, "Q": ctypes.c_uint64, "f": ctypes.c_float,
+              "d": ctypes.c_double}
+_driver_library: list[Any] = []
+
+
+def cluster_blocks(source: str, name: str) -> int:
+    """The blocks of the compile-time cluster (`__cluster_dims__` in numbers) of the function
+    `name` in `source`; 1 without one."""
+    found = re.search(_CLUSTER_DIMS + r"[^;{}]*?\b" + re.escape(name) + r"\s*\(", source)
+    return math.prod(int(n) for n in found.groups()) if found else 1
+
+
+def _driver() -> Any:
+    """libcuda, its functions' argument types declared."""
+    if not _driver_library:
+        lib = ctypes.CDLL("libcuda.so.1")
+        handle, pointer = ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)
+        lib.cuModuleLoadData.argtypes = [pointer, ctypes.c_char_p]
+        lib.cuModuleGetFunction.argtypes = [pointer, handle, ctypes.c_char_p]
+        lib.cuFuncSetAttribute.argtypes = [handle, ctypes.c_int, ctypes.c_int]
+        lib.cuLaunchKernel.argtypes = [handle, *[ctypes.c_uint] * 7, handle, pointer, handle]
+        lib.cuGetErrorString.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+        _driver_library.append(lib)
+    return _driver_library[0]
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        message = ctypes.c_char_p()
+        _driver().cuGetErrorString(result, ctypes.byref(message))
+        text = message.value.decode() if message.value else "unknown error"
+        raise RuntimeError(f"CUDA error {result} {what}: {text}")
+
+
+class DriverKernel:
+    """A `__global__` function loaded and launched through the CUDA driver, for clusters of more
+    than PORTABLE_CLUSTER blocks; as `Kernel` otherwise. pycuda compiles it (and keeps the cubin
+    in its cache)."""
+
+    def __init__(self, source: str, name: str, arg_types: str,
+                 options: Sequence[str] = ()) -> None:
+        unknown = set(arg_types) - set(_ARGUMENTS)
+        if unknown:
+            raise ValueError(f"{name}: argument codes {sorted(unknown)} are not among "
+                             f"{''.join(_ARGUMENTS)}")
+        from pycuda.compiler import compile as compile_cubin
+
+        ensure_context()
+        driver = _driver()
+        key = hashlib.sha256("\0".join(["driver", source, *options]).encode()).hexdigest()
+        if key not in _modules:
+            cubin = compile_cubin(wrap_source(source), options=list(options), no_extern_c=True)
+            module = ctypes.c_void_p()
+            _check(driver.cuModuleLoadData(ctypes.byref(module), cubin), "loading the module")
+            _modules[key] = module
+        self.function = ctypes.c_void_p()
+        _check(driver.cuModuleGetFunction(ctypes.byref(self.function), _modules[key],
+                                          name.encode()), f"finding {name}")
+        _check(driver.cuFuncSetAttribute(self.function, _NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),
+               f"allowing {name} clusters of more than {PORTABLE_CLUSTER} blocks")
+        self.arg_types, self.name = arg_types, name
+        self.shared_allowed = 48 * 1024
+
+    def __call__(
+        self,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        args: Sequence[Any],
+        shared_mem: int = 0,
+    ) -> None:
+        problem = launch_error(grid, block, shared_mem)
+        if problem is not None:
+            raise ValueError(f"{self.name}: {problem}")
+        if len(args) != len(self.arg_types):
+            raise TypeError(f"{self.name} takes {len(self.arg_types)} arguments, given "
+                            f"{len(args)}")
+        driver = _driver()
+        if shared_mem > self.shared_allowed:
+            _check(driver.cuFuncSetAttribute(self.function, _MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                             shared_mem), f"giving {self.name} shared memory")
+            self.shared_allowed = shared_mem
+        values = [_ARGUMENTS[code](arg.data_ptr() if isinstance(arg, torch.Tensor) else arg)
+                  for code, arg in zip(self.arg_types, args, strict=True)]
+        pointers = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        _check(driver.cuLaunchKernel(self.function, *grid, *block, shared_mem, stream, pointers,
+                                     None), f"launching {self.name}")
+
+
+def load_kernel(source: str, name: str, arg_types: str,
+                options: Sequence[str] = ()) -> Kernel | DriverKernel:
+    if cluster_blocks(source, name) > PORTABLE_CLUSTER:
+        return DriverKernel(source, name, arg_types, options)
     return Kernel(compile_module(source, options).get_function(name), arg_types, name)
 
 

@@ -154,8 +154,10 @@ def drafts(kernel: Kernel) -> list[tuple[Schedule, str]]:
 
 # Blocks of a cluster that share a row, and the warps of each: 8 blocks (the most sm_90 takes
 # portably) of 512 threads leave about 4 blocks an SM, so some 66 rows in flight on 132 SMs;
-# each thread walks 8 columns a pass (4096 a block).
+# each thread walks 8 columns a pass (4096 a block). Rows so long that an eighth of one would
+# leave its block alone on its SM are shared by 16 first (`core.runtime.cuda` launches them).
 CLUSTER_DRAFTS = ((8, 16), (4, 16))
+WIDE_CLUSTER = 16
 # The longest row one block keeps whole in shared memory: 227 KB of fp32 less a pass.
 KEPT_ROW = 227 * 1024 // 4 - 4096
 # Shared memory an sm_90 SM has (a block may take 227 KB of it), and the most warps a block has.
@@ -180,7 +182,8 @@ def cuda_drafts(kernel: Kernel) -> list[tuple[Schedule, str]]:
                              "{threads} threads from its first walk to its last: one read of "
                              "the inputs")
     if math.prod(kernel.domain) * 4 > GpuPeaks().l2_bytes:
-        for blocks, warps in CLUSTER_DRAFTS:
+        widest = ((WIDE_CLUSTER, 16),) if _alone(-(-loop // CLUSTER_DRAFTS[0][0])) else ()
+        for blocks, warps in widest + CLUSTER_DRAFTS:
             shared = (f"rows of {loop} values, each shared by a cluster of {blocks} blocks of "
                       "{threads} threads that exchange their partial results")
             found += _held_twins(Schedule(1, 4096, warps, cluster_blocks=blocks, keep_row=True),
@@ -198,7 +201,12 @@ def _held_twins(kept: Schedule, share: int, why: str) -> list[tuple[Schedule, st
     a thread). A share in shared memory of more than half an SM's leaves its block alone on its
     SM, so that block takes every thread an SM runs, as many loads in flight as two blocks would
     have (bench/NOTES.md, round of 2026-12-06 10:02 UTC: 23_Softmax's 196 KB shares)."""
-    alone = share * 4 > SM_SHARED // 2
-    twins = (replace(kept, held="shared", num_warps=MAX_WARPS if alone else kept.num_warps),
+    twins = (replace(kept, held="shared",
+                     num_warps=MAX_WARPS if _alone(share) else kept.num_warps),
              replace(kept, held="registers"))
     return [(s, why.format(held=HELD_IN[s.held], threads=32 * s.num_warps)) for s in twins]
+
+
+def _alone(share: int) -> bool:
+    """Whether a block keeping `share` fp32 values in shared memory is alone on its SM."""
+    return share * 4 > SM_SHARED // 2
