@@ -48,7 +48,7 @@ from typing import Any
 
 import torch
 
-from core.runtime.cuda import MAX_DYNAMIC_SHARED, launch_error, wrap_source
+from core.runtime.cuda import MAX_DYNAMIC_SHARED, Launcher, wrap_source
 
 COMPILER = ["g++", "-std=c++20", "-O1", "-fPIC", "-shared", "-fvisibility=hidden",
             # CUDA code puns types through pointers; results must not depend on the host's FMA.
@@ -137,7 +137,7 @@ def compile_source(source: str) -> Library:
     return _libraries[key]
 
 
-class Kernel:
+class Kernel(Launcher):
     """A `__global__` function, called as `core.runtime.cuda.Kernel` is, on CPU tensors."""
 
     def __init__(self, library: Library, name: str, arg_types: str, timeout_s: float) -> None:
@@ -145,8 +145,8 @@ class Kernel:
             raise LookupError(f"no __global__ function {name!r} in the source")
         self.name, self.arg_types, self.timeout_s = name, arg_types, timeout_s
         self.max_threads = library.bounds[name]
-        self.launch = getattr(library.handle, f"kiln_launch_{name}")
-        self.launch.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint),
+        self.entry = getattr(library.handle, f"kiln_launch_{name}")
+        self.entry.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint),
                                 ctypes.c_char_p, ctypes.c_ulong]
         parameters = getattr(library.handle, f"kiln_parameters_{name}")
         parameters.restype = ctypes.c_char_p
@@ -157,23 +157,12 @@ class Kernel:
                             f"d double, b/h/i/q integers of 1/2/4/8 bytes); arg_types "
                             f"{arg_types!r} gives {given!r}")
 
-    def __call__(
-        self,
-        grid: tuple[int, int, int],
-        block: tuple[int, int, int],
-        args: Sequence[Any],
-        shared_mem: int = 0,
-    ) -> None:
-        problem = launch_error(grid, block, shared_mem)
-        if problem is not None:
-            raise ValueError(f"{self.name}: {problem}")
+    def launch(self, grid: tuple[int, int, int], block: tuple[int, int, int],
+               args: Sequence[Any], shared_mem: int) -> None:
         threads = block[0] * block[1] * block[2]
         if self.max_threads is not None and threads > self.max_threads:
             raise ValueError(f"{self.name}: {threads} threads a block, past its "
                              f"__launch_bounds__({self.max_threads})")
-        if len(args) != len(self.arg_types):
-            raise TypeError(f"{self.name} takes {len(self.arg_types)} arguments, "
-                            f"given {len(args)}")
         slots = []
         for code, arg in zip(self.arg_types, args, strict=True):
             if isinstance(arg, torch.Tensor):
@@ -189,7 +178,7 @@ class Kernel:
 
         def run() -> None:
             with _launching:  # a source's statics serve one launch at a time
-                status.append(self.launch(pointers, geometry, error, ERROR_SIZE))
+                status.append(self.entry(pointers, geometry, error, ERROR_SIZE))
 
         worker = threading.Thread(target=run, daemon=True)
         worker.start()

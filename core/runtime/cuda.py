@@ -96,13 +96,13 @@ def launch_error(grid: tuple[int, int, int], block: tuple[int, int, int],
     return None
 
 
-class Kernel:
-    """A `__global__` function; `arg_types` as in pycuda: "P" pointer, "i" int32, "f" float."""
+class Launcher:
+    """A `__global__` function's launches: CUDA's limits (`launch_error`) and the count of
+    arguments checked, then `launch`. `arg_types` as in pycuda: "P" pointer, "i" int32, "f"
+    float."""
 
-    def __init__(self, function: Any, arg_types: str, name: str = "kernel") -> None:
-        self.function = function.prepare(arg_types)
-        self.arg_types, self.name = arg_types, name
-        self.shared_allowed = 48 * 1024  # dynamic shared memory a block gets without opting in
+    name: str
+    arg_types: str
 
     def __call__(
         self,
@@ -114,6 +114,26 @@ class Kernel:
         problem = launch_error(grid, block, shared_mem)
         if problem is not None:
             raise ValueError(f"{self.name}: {problem}")
+        if len(args) != len(self.arg_types):
+            raise TypeError(f"{self.name} takes {len(self.arg_types)} arguments, given "
+                            f"{len(args)}")
+        self.launch(grid, block, args, shared_mem)
+
+    def launch(self, grid: tuple[int, int, int], block: tuple[int, int, int],
+               args: Sequence[Any], shared_mem: int) -> None:
+        raise NotImplementedError
+
+
+class Kernel(Launcher):
+    """A `__global__` function launched by pycuda."""
+
+    def __init__(self, function: Any, arg_types: str, name: str = "kernel") -> None:
+        self.function = function.prepare(arg_types)
+        self.arg_types, self.name = arg_types, name
+        self.shared_allowed = 48 * 1024  # dynamic shared memory a block gets without opting in
+
+    def launch(self, grid: tuple[int, int, int], block: tuple[int, int, int],
+               args: Sequence[Any], shared_mem: int) -> None:
         raw = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
         if shared_mem > self.shared_allowed:
             import pycuda.driver as drv
@@ -190,7 +210,7 @@ def _check(result: int, what: str) -> None:
         raise RuntimeError(f"CUDA error {result} {what}: {text}")
 
 
-class DriverKernel:
+class DriverKernel(Launcher):
     """A `__global__` function loaded and launched through the CUDA driver, for clusters of more
     than PORTABLE_CLUSTER blocks; as `Kernel` otherwise. pycuda compiles it (and keeps the cubin
     in its cache)."""
@@ -219,19 +239,8 @@ class DriverKernel:
         self.arg_types, self.name = arg_types, name
         self.shared_allowed = 48 * 1024
 
-    def __call__(
-        self,
-        grid: tuple[int, int, int],
-        block: tuple[int, int, int],
-        args: Sequence[Any],
-        shared_mem: int = 0,
-    ) -> None:
-        problem = launch_error(grid, block, shared_mem)
-        if problem is not None:
-            raise ValueError(f"{self.name}: {problem}")
-        if len(args) != len(self.arg_types):
-            raise TypeError(f"{self.name} takes {len(self.arg_types)} arguments, given "
-                            f"{len(args)}")
+    def launch(self, grid: tuple[int, int, int], block: tuple[int, int, int],
+               args: Sequence[Any], shared_mem: int) -> None:
         driver = _driver()
         if shared_mem > self.shared_allowed:
             _check(driver.cuFuncSetAttribute(self.function, _MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -246,7 +255,7 @@ class DriverKernel:
 
 
 def load_kernel(source: str, name: str, arg_types: str,
-                options: Sequence[str] = ()) -> Kernel | DriverKernel:
+                options: Sequence[str] = ()) -> Launcher:
     if cluster_blocks(source, name) > PORTABLE_CLUSTER:
         return DriverKernel(source, name, arg_types, options)
     return Kernel(compile_module(source, options).get_function(name), arg_types, name)
