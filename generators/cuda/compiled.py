@@ -14,6 +14,8 @@ the Triton backend.
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from collections.abc import Callable
 
 import torch
@@ -360,7 +362,7 @@ class CudaKernelWriter(CudaValues):
         self.lines[declare_at:declare_at] = [
             f"{indent}float kept{slot}[{self.passes * self.steps}];"
             for slot in (self.kept.values() if self.registers else ())]
-        return self.lines
+        return without_unused(self.lines)
 
     def outputs(self) -> None:
         kernel = self.kernel
@@ -383,3 +385,21 @@ class CudaKernelWriter(CudaValues):
         else:
             text = f"({element_type(output.dtype)})({value})"
         self.line(f"if ({guard}) {{ out{index}[{offset}] = {text}; }}")
+
+
+# A `const` value, or a `__shared__` array, declared alone on its line.
+_DECLARATION = re.compile(r"^\s*(?:const|__shared__) [\w ]+? (\w+)(?: = [^;]*|\[[^\];]*\]);$")
+_NAME = re.compile(r"\b[A-Za-z_]\w*\b")
+
+
+def without_unused(lines: list[str]) -> list[str]:
+    """`lines` less the `const` values and `__shared__` arrays nothing reads (a coordinate no
+    load or store of this kernel takes, say), dropped until none is left: nvcc warns of each,
+    and a reader looks for its use."""
+    while True:
+        uses = Counter(name for line in lines for name in _NAME.findall(line.split("//")[0]))
+        kept = [line for line in lines
+                if not ((found := _DECLARATION.match(line)) and uses[found.group(1)] == 1)]
+        if len(kept) == len(lines):
+            return lines
+        lines = kept
