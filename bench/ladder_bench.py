@@ -2,7 +2,7 @@
 setting judged by the evaluator and timed against eager, torch.compile and the floor.
 
     python bench/ladder_bench.py [--workers 2]
-        [--only norms,compiled_norms,rows,matmul,pointwise,dims]
+        [--only norms,compiled_norms,rows,long_rows,matmul,pointwise,dims]
 
 - norms: group norm + SiLU, instance norm and batch norm (batch statistics), the cluster CUDA
   kernel at each cluster size × threads (vector 4), its share held in shared memory or in
@@ -13,12 +13,15 @@ setting judged by the evaluator and timed against eager, torch.compile and the f
 - rows: an L2 norm over rows of 65535, the compiler's schedules in both tiers: a program a row,
   a program per SM striding over the rows, and (CUDA) each row shared by a cluster of blocks,
   its share kept in registers or shared memory, or read again;
+- long_rows: a softmax over rows of 393216 (1.5 MB, 23_Softmax's rows), the compiler's schedules:
+  a program a row in both tiers, and (CUDA) each row shared by a cluster of 4, 8 or 16 blocks
+  of 512 or 1024 threads, its share kept in shared memory or registers, or read again;
 - matmul: linear + GELU 4096³ bf16 over tile shapes, warps, stages and GROUP_M;
 - pointwise: bias + GELU 8192² bf16 over block sizes and warps;
 - dims: sum over dim 1 of 64×2048×512 fp32 over tile shapes, warps and split reductions.
 
-Sites and floors are those of `bench/rules_generator_bench.py`. Prints one table per site,
-fastest first; a rejected setting shows the evaluator's reason.
+Sites and floors are those of `bench/rules_generator_bench.py`, and the long rows' own. Prints
+one table per site, fastest first; a rejected setting shows the evaluator's reason.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.rules_generator_bench import CASES, floor_ms, problem_source  # noqa: E402
+from bench.rules_generator_bench import CASES, Case, floor_ms, problem_source  # noqa: E402
 from core.evaluate import EvalConfig, Evaluator  # noqa: E402
 from core.evaluate.site_baseline import time_site  # noqa: E402
 from core.evaluate.verdict import Verdict  # noqa: E402
@@ -118,6 +121,21 @@ def row_settings(graph: SiteGraph) -> list[tuple[str, str]]:
     return compiled_plans(graph, schedules + cluster_schedules((2048, 4096), (8, 16)))
 
 
+# Rows longer than a cluster of 8 keeps at two blocks an SM; 3.2 GB, past the L2.
+LONG_ROWS = Case("softmax over rows of 393216, 1024×393216 fp32", "reduction", "x",
+                 "torch.softmax(x, dim=-1)", "torch.randn(1024, 393216)", 2 * 1024 * 393216 * 4)
+
+
+def long_row_settings(graph: SiteGraph) -> list[tuple[str, str]]:
+    schedules = [(tier, Schedule(1, 4096, 16, resident_per_sm=resident))
+                 for tier in ("triton", "cuda") for resident in (0, 1)]
+    schedules += [("cuda", Schedule(1, 4096, warps, cluster_blocks=blocks, keep_row=keep,
+                                    held=held))
+                  for blocks in (4, 8, 16) for warps in (16, 32)
+                  for keep, held in ((False, "shared"), (True, "shared"), (True, "registers"))]
+    return compiled_plans(graph, schedules)
+
+
 def matmul_settings(graph: SiteGraph) -> list[tuple[str, str]]:
     shapes = [(128, 256, 64, 8, 3), (128, 256, 64, 8, 4), (128, 256, 64, 16, 3),
               (256, 128, 64, 8, 3), (256, 128, 64, 8, 4), (128, 128, 64, 4, 4),
@@ -148,6 +166,7 @@ LADDERS = [
     Ladder("compiled_norms", "instance_norm", compiled_norm_settings),
     Ladder("compiled_norms", "batch_norm, batch statistics", compiled_norm_settings),
     Ladder("rows", "l2 norm over rows", row_settings),
+    Ladder("long_rows", "rows of 393216", long_row_settings),
     Ladder("matmul", "linear + gelu", matmul_settings),
     Ladder("pointwise", "bias + gelu", pointwise_settings),
     Ladder("dims", "sum over dim 1", dim_settings),
@@ -170,9 +189,10 @@ def print_ranked(labelled: list[tuple[str, Verdict]], floor_ms: float, compile_m
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--only", default="norms,compiled_norms,rows,matmul,pointwise,dims",
-                        help="comma-separated groups: norms, compiled_norms, rows, matmul, "
-                             "pointwise, dims")
+    parser.add_argument("--only",
+                        default="norms,compiled_norms,rows,long_rows,matmul,pointwise,dims",
+                        help="comma-separated groups: norms, compiled_norms, rows, long_rows, "
+                             "matmul, pointwise, dims")
     args = parser.parse_args()
     groups = {part.strip() for part in args.only.split(",")}
     unknown = groups - {ladder.group for ladder in LADDERS}
@@ -182,7 +202,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="kiln-ladders-") as folder, \
             Evaluator(EvalConfig(device="cuda"), workers=args.workers) as evaluator:
         for index, ladder in enumerate(x for x in LADDERS if x.group in groups):
-            (case,) = [c for c in CASES if ladder.site in c.name]
+            (case,) = [c for c in [*CASES, LONG_ROWS] if ladder.site in c.name]
             problem = Path(folder) / f"site{index}" / "problem.py"
             problem.parent.mkdir()
             problem.write_text(problem_source(case))

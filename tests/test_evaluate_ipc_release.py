@@ -37,7 +37,7 @@ prepare_judging("cuda")
 problem, sources = Path(sys.argv[1]), json.loads(Path(sys.argv[2]).read_text())
 workdir = Path(tempfile.mkdtemp())
 judge = Judge.start(workdir, "cuda")
-config = EvalConfig(device="cuda", run_timeout_s=20.0, compile_timeout_s=60.0)
+config = EvalConfig(device="cuda", run_timeout_s=20.0, compile_timeout_s=30.0)
 outcomes = []
 for source in sources:  # unscreened: the static rules would refuse the one calling os._exit
     verdict, healthy = judge.judge(str(problem), source, config, set(), lambda phase: None)
