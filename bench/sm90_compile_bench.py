@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from core.runtime.cuda import launch_error  # noqa: E402
 from core.runtime.problem_loader import import_file, load_problem  # noqa: E402
 
 # Compiled in a process of its own: the Triton interpreter patches triton.language in the
@@ -125,15 +126,21 @@ def launched_kernels(source: str, problem_path: Path, folder: Path, run: bool = 
     (TRITON_INTERPRET=1 in this process), and return the module file written for it with a
     compile job (`compile_for_sm90`) for every distinct launch. `run=False`: the forward runs on
     meta tensors and its launches are recorded without running, so that a problem of any size
-    costs nothing (a forward that reads values, to size an output say, cannot be recorded so)."""
+    costs nothing (a forward that reads values, to size an output say, cannot be recorded so).
+    A launch whose grid no GPU takes (`core.runtime.cuda.launch_error`) is an error."""
     from triton.runtime.interpreter import InterpretedFunction
 
     jobs: dict[str, dict] = {}
+    refused: list[str] = []
     original = InterpretedFunction.run
 
     def recording(self, *args, grid, warmup, **kwargs):  # noqa: ANN001, ANN202
         job = _launch_job(self, args, dict(kwargs))
         jobs.setdefault(json.dumps(job, sort_keys=True, default=str), job)
+        programs = tuple(grid(kwargs) if callable(grid) else grid)
+        problem = launch_error((*programs, 1, 1)[:3], (1, 1, 1))
+        if problem is not None:
+            refused.append(f"{job['kernel']}: {problem}")
         if run:
             return original(self, *args, grid=grid, warmup=warmup, **kwargs)
         return None
@@ -150,6 +157,8 @@ def launched_kernels(source: str, problem_path: Path, folder: Path, run: bool = 
             candidate.ModelNew(*problem.init_inputs())(*inputs)
     finally:
         InterpretedFunction.run = original
+    if refused:
+        raise ValueError("no GPU launches " + "; ".join(dict.fromkeys(refused)))
     return module, [{**job, "name": f"{job['kernel']} {i}"} for i, job in enumerate(jobs.values())]
 
 

@@ -102,3 +102,20 @@ def test_a_problem_of_gigabytes_compiles_from_launches_recorded_on_meta_tensors(
     failed = {name: r["error"][-300:] for name, r in compile_for_sm90(module, jobs).items()
               if "error" in r}
     assert not failed, failed
+
+
+def test_a_launch_past_the_grids_limit_is_refused_where_it_is_recorded(tmp_path, monkeypatch):
+    """Sizes only a GPU run reaches are checked here: 8192² elementwise, 65536 blocks of 1024
+    columns, one past the 65535 a grid's second dimension takes were the splits not capped."""
+    from generators.compiler import schedule
+
+    problem = one_input_problem(tmp_path, "torch.relu(x * 2.0)", "torch.randn(8192, 8192)")
+    graph = load_site_graph(problem)
+    capped = write_compiled(graph, Schedule(1, 1024, 4))
+    monkeypatch.setattr(schedule, "MAX_SPLITS", 1 << 20)
+    uncapped = write_compiled(graph, Schedule(1, 1024, 4))
+    for name in ("capped", "uncapped"):
+        (tmp_path / name).mkdir()
+    launched_kernels(capped, problem, tmp_path / "capped", run=False)
+    with pytest.raises(ValueError, match=r"grid \(1, 65536, 1\): CUDA takes at most"):
+        launched_kernels(uncapped, problem, tmp_path / "uncapped", run=False)
