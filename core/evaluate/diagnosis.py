@@ -28,6 +28,7 @@ from core.evaluate.correctness import flatten
 from core.evaluate.counters import CounterReport, KernelCounters
 from core.evaluate.kernel_report import KernelReport, KernelStats
 from core.profile.roofline import touched_bytes
+from core.runtime.cuda import SM_SHARED_BYTES
 
 # An H200 SM (compute capability 9.0): 65536 registers, at most 2048 threads (64 warps) and
 # 32 blocks resident, 228 KB of shared memory of which the driver reserves 1 KB per block.
@@ -35,7 +36,6 @@ from core.profile.roofline import touched_bytes
 SM_REGISTERS = 65536
 SM_WARPS = 2048 // 32
 SM_BLOCKS = 32
-SM_SHARED_BYTES = 228 * 1024
 SHARED_RESERVED_PER_BLOCK = 1024
 REGISTER_UNIT_PER_WARP = 256
 

@@ -74,7 +74,8 @@ def compile_module(source: str, options: Sequence[str] = ()) -> Any:
     return _modules[key]
 
 
-# The most dynamic shared memory a sm_90 block may opt into.
+# The shared memory of a sm_90 SM, and the most dynamic shared memory a block may opt into.
+SM_SHARED_BYTES = 228 * 1024
 MAX_DYNAMIC_SHARED = 227 * 1024
 
 

@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass, replace
 
 from core.profile.roofline import GpuPeaks
+from core.runtime.cuda import MAX_DYNAMIC_SHARED, SM_SHARED_BYTES
 from generators.compiler.plan import Kernel
 
 # Elements one program holds at once: more and a block spills its registers (a [rows, columns]
@@ -158,10 +159,9 @@ def drafts(kernel: Kernel) -> list[tuple[Schedule, str]]:
 # leave its block alone on its SM are shared by 16 first (`core.runtime.cuda` launches them).
 CLUSTER_DRAFTS = ((8, 16), (4, 16))
 WIDE_CLUSTER = 16
-# The longest row one block keeps whole in shared memory: 227 KB of fp32 less a pass.
-KEPT_ROW = 227 * 1024 // 4 - 4096
-# Shared memory an sm_90 SM has (a block may take 227 KB of it), and the most warps a block has.
-SM_SHARED = 228 * 1024
+# The longest row one block keeps whole in shared memory: what it may take, in fp32, less a pass.
+KEPT_ROW = MAX_DYNAMIC_SHARED // 4 - 4096
+# The most warps a block has.
 MAX_WARPS = 32
 
 
@@ -209,4 +209,4 @@ def _held_twins(kept: Schedule, share: int, why: str) -> list[tuple[Schedule, st
 
 def _alone(share: int) -> bool:
     """Whether a block keeping `share` fp32 values in shared memory is alone on its SM."""
-    return share * 4 > SM_SHARED // 2
+    return share * 4 > SM_SHARED_BYTES // 2

@@ -6,11 +6,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from core.runtime.cuda import MAX_DYNAMIC_SHARED
 from generators.channel_site import ChannelNorm, channel_norm
 from generators.site_graph import SiteGraph
 
-# The most dynamic shared memory a block may opt into on sm_90 (227 KB), less the static part.
-SHARED_LIMIT = 227 * 1024 - 1024
+# The most dynamic shared memory a block may opt into on sm_90, less the static part.
+SHARED_LIMIT = MAX_DYNAMIC_SHARED - 1024
 # The norms the cluster kernel takes (instance norm as group norm with a group a channel).
 CLUSTER_NORMS = ("group_norm", "instance_norm", "batch_norm")
 

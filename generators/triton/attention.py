@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from core.runtime.cuda import MAX_DYNAMIC_SHARED
 from generators.codegen import BROADCAST_SHAPE_HELPER, indent
 from generators.site_graph import SiteGraph, Unsupported
 from generators.triton.attention_plan import OUTPUT, SCORES, Plan, read_plan
@@ -43,8 +44,6 @@ class AttentionConfig:
 # The largest head dimension a program holds whole: a [BLOCK_M, D] accumulator and [BLOCK_N, D]
 # tiles of K and V, in registers and shared memory (FlashAttention's kernels stop at 256 too).
 MAX_HEAD = 256
-# The shared memory a block of sm_90 may take.
-SHARED_BYTES = 227 * 1024
 
 
 def shared_bytes(graph: SiteGraph, plan: Plan, config: AttentionConfig) -> int:
@@ -206,10 +205,10 @@ def write_attention(graph: SiteGraph, config: AttentionConfig) -> str:
                           "tile's whole accumulator and each key tile in registers, which would "
                           "spill (Triton compiled such a kernel for minutes on sm_90)")
     needed = shared_bytes(graph, plan, config)
-    if needed > SHARED_BYTES:
+    if needed > MAX_DYNAMIC_SHARED:
         raise Unsupported(f"{config.describe()} keeps at least {needed // 1024} KiB in shared "
-                          f"memory, more than sm_90's {SHARED_BYTES // 1024}: fewer stages or "
-                          "smaller tiles")
+                          f"memory, more than sm_90's {MAX_DYNAMIC_SHARED // 1024}: fewer "
+                          "stages or smaller tiles")
     operands = [f"x{i}" for i in range(len(plan.operands))]
     outs = [f"out{k}" for k in range(len(plan.outputs))]
     precision = dot_precision(plan.dtype, config.precision)
