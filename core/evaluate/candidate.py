@@ -182,8 +182,7 @@ class CandidateProcess:
                 close_unused(fds, set())
             if reply.get("type") != "forgotten":
                 self.unsure += held  # it may have let go of some before it failed
-            held = []
-        if held and self.end():
+        elif held and self.end():
             self.side.release_counts(held)
         elif held:
             self.unsure += held
