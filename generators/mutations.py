@@ -51,6 +51,7 @@ LADDERS: dict[str, tuple[int | bool | str, ...]] = {
     # 0 (one program a block of rows) is the top rung: the most programs in flight.
     "resident_per_sm": (1, 2, 4, 0),
     "cluster_blocks": (2, 4, 8, 16),
+    "grid_blocks": (22, 33, 44, 66, 132),
     "keep_row": (False, True),
     # tf32 alone is no rung: it changes the answer, and is for runs that allow it.
     "precision": ("ieee", "tf32x3"),
@@ -86,6 +87,8 @@ WHY_UP: dict[str, str] = {
                        "memory latency",
     "cluster_blocks": "more blocks of a cluster share each row: fewer rows in flight, so that a "
                       "row's second walk finds it in L2",
+    "grid_blocks": "more blocks of the GPU share each row: smaller shares, fewer rows at a "
+                   "time",
     "keep_row": "a row's inputs kept on chip from its first walk: later walks read no memory",
     "precision": "fp32 products as three tf32 tensor-core products: fp32's accuracy at several "
                  "times the speed of fp32 arithmetic",
@@ -120,6 +123,8 @@ WHY_DOWN: dict[str, str] = {
                        "once, so that a row's second walk reads it there",
     "cluster_blocks": "fewer blocks of a cluster share each row: fewer partial results to "
                       "exchange, more rows under way at once",
+    "grid_blocks": "fewer blocks share each row: fewer partial results to exchange, more "
+                   "rows under way at once to hide each row's barrier",
     "keep_row": "a row's walks read memory again: no shared memory or registers held, more "
                 "blocks an SM",
     "precision": "exact fp32 products on the CUDA cores: no split operands held in registers",

@@ -51,6 +51,10 @@ CLUSTERED = (Schedule(1, 8, 4, cluster_blocks=2),
              Schedule(2, 8, 4, cluster_blocks=4, keep_row=True),
              Schedule(2, 8, 4, cluster_blocks=4, keep_row=True, held="registers"),
              Schedule(1, 8, 4, cluster_blocks=16, keep_row=True))
+# On a GPU, rows shared by blocks anywhere on it, meeting at a barrier in global memory (a
+# cooperative launch, which the CPU's stand-in does not run): three blocks a row keeping their
+# shares, and four reading them again.
+GRIDDED = (Schedule(1, 8, 4, grid_blocks=3, keep_row=True), Schedule(2, 8, 4, grid_blocks=4))
 DTYPES = {"fp32": "torch.float32", "fp16": "torch.float16", "bf16": "torch.bfloat16"}
 
 

@@ -194,8 +194,13 @@ class Kernel(Launcher):
 
 
 def load_kernel(source: str, name: str, arg_types: str, options: Sequence[str] = (),
-                *, timeout_s: float = 300.0) -> Kernel:
-    """`core.runtime.cuda.load_kernel` for the CPU; `options` (nvcc's) are accepted and unused."""
+                cooperative: bool = False, *, timeout_s: float = 300.0) -> Kernel:
+    """`core.runtime.cuda.load_kernel` for the CPU; `options` (nvcc's) are accepted and unused.
+    A cooperative kernel's blocks wait for each other, which blocks run one after another never
+    do: it is refused."""
+    if cooperative:
+        raise NotImplementedError(f"{name}: a cooperative kernel (its blocks wait for each "
+                                  "other) runs on a GPU only; the CPU runs blocks one by one")
     return Kernel(compile_source(source), name, arg_types, timeout_s)
 
 

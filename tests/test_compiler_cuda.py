@@ -1,8 +1,8 @@
 """The kernel compiler's CUDA backend: every case of `compiler_cases` under each schedule compiles
 for sm_90 with nvcc (one translation unit, so the whole set costs one compiler run), and matches
 PyTorch, run on the CPU by `tests.cuda_on_cpu` and on a GPU, each also with its rows kept in
-shared memory, and on the GPU with thread-block clusters (which the CPU's stand-in does not
-run)."""
+shared memory, and on the GPU with thread-block clusters and with rows shared by blocks meeting
+at a barrier in global memory (which the CPU's stand-in does not run)."""
 
 from __future__ import annotations
 
@@ -15,13 +15,14 @@ from core.runtime.cuda import nvcc_check
 from generators.base import Parent
 from generators.compiler.schedule import Schedule
 from generators.cuda.expressions import HELPERS
-from generators.cuda.folds import CLUSTER_EXCHANGE, FOLDS
+from generators.cuda.folds import CLUSTER_EXCHANGE, FOLDS, GRID_EXCHANGE
 from generators.cuda.program import write_cuda_program
 from generators.rules import RulesGenerator
 from generators.site_graph import Unsupported
 from tests.compiler_cases import (
     ALL_CASES,
     CLUSTERED,
+    GRIDDED,
     KEPT,
     Case,
     check,
@@ -40,11 +41,12 @@ def _kernels(folder: Path, n: int, case: Case) -> list[tuple[str, str]]:
     what it is."""
     _, program = write_problem(folder, case)
     found = []
-    for k, schedule in enumerate(schedules_of(program, KEPT + CLUSTERED)):
+    for k, schedule in enumerate(schedules_of(program, KEPT + CLUSTERED + GRIDDED)):
         path = folder / f"kernel_{k}.py"
         path.write_text(write_cuda_program(program, schedule, case.body))
         source = load_module(path, f"cuda_{folder.name}_{n}_{k}").SOURCE
-        kernels = source.removeprefix(HELPERS + FOLDS).removeprefix(CLUSTER_EXCHANGE)
+        kernels = (source.removeprefix(HELPERS + FOLDS).removeprefix(CLUSTER_EXCHANGE)
+                   .removeprefix(GRID_EXCHANGE))
         assert kernels != source, "every compiled CUDA source starts with the shared helpers"
         found.append((f"{case.id} under {schedule.describe()}",
                       kernels.replace("site_kernel_", f"case{n}_{k}_site_kernel_")))
@@ -52,7 +54,7 @@ def _kernels(folder: Path, n: int, case: Case) -> list[tuple[str, str]]:
 
 
 def test_every_case_compiles_for_hopper(tmp_path):
-    parts, starts = [HELPERS + FOLDS + CLUSTER_EXCHANGE], []
+    parts, starts = [HELPERS + FOLDS + CLUSTER_EXCHANGE + GRID_EXCHANGE], []
     for n, case in enumerate(CUDA_CASES):
         for what, kernels in _kernels(tmp_path / f"case{n}", n, case):
             starts.append((sum(p.count("\n") + 1 for p in parts) + 1, what))
@@ -109,7 +111,8 @@ def test_every_case_matches_pytorch_run_on_the_cpu(tmp_path, case):
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", CUDA_CASES, ids=[c.id for c in CUDA_CASES])
 def test_every_case_matches_pytorch_on_the_gpu(tmp_path, case):
-    check(tmp_path / "site", case, write_cuda_program, device="cuda", extra=KEPT + CLUSTERED)
+    check(tmp_path / "site", case, write_cuda_program, device="cuda",
+          extra=KEPT + CLUSTERED + GRIDDED)
 
 
 @pytest.mark.parametrize("tiers", [("cuda",), ("triton", "cuda")],

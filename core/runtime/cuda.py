@@ -15,8 +15,9 @@ torch's current stream is the default stream (the same stream, so it is ordered)
 on a pycuda stream that torch sees as an `ExternalStream`, fenced on both sides with events.
 
 A kernel whose thread-block clusters have more than 8 blocks (`__cluster_dims__`) needs a
-function attribute pycuda cannot set; it is loaded and launched through the CUDA driver itself
-(ctypes), on torch's current stream.
+function attribute pycuda cannot set, and a kernel whose blocks wait for each other
+(`cooperative=True`) a launch that makes them all resident at once, which pycuda does not offer;
+both are loaded and launched through the CUDA driver itself (ctypes), on torch's current stream.
 """
 
 from __future__ import annotations
@@ -198,6 +199,7 @@ def _driver() -> Any:
         lib.cuModuleGetFunction.argtypes = [pointer, handle, ctypes.c_char_p]
         lib.cuFuncSetAttribute.argtypes = [handle, ctypes.c_int, ctypes.c_int]
         lib.cuLaunchKernel.argtypes = [handle, *[ctypes.c_uint] * 7, handle, pointer, handle]
+        lib.cuLaunchCooperativeKernel.argtypes = [handle, *[ctypes.c_uint] * 7, handle, pointer]
         lib.cuGetErrorString.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
         _driver_library.append(lib)
     return _driver_library[0]
@@ -213,11 +215,12 @@ def _check(result: int, what: str) -> None:
 
 class DriverKernel(Launcher):
     """A `__global__` function loaded and launched through the CUDA driver, for clusters of more
-    than PORTABLE_CLUSTER blocks; as `Kernel` otherwise. pycuda compiles it (and keeps the cubin
-    in its cache)."""
+    than PORTABLE_CLUSTER blocks, or `cooperative`: every block of a launch resident at once (the
+    driver refuses a grid that cannot be), for blocks that wait for each other. As `Kernel`
+    otherwise. pycuda compiles it (and keeps the cubin in its cache)."""
 
     def __init__(self, source: str, name: str, arg_types: str,
-                 options: Sequence[str] = ()) -> None:
+                 options: Sequence[str] = (), cooperative: bool = False) -> None:
         unknown = set(arg_types) - set(_ARGUMENTS)
         if unknown:
             raise ValueError(f"{name}: argument codes {sorted(unknown)} are not among "
@@ -235,9 +238,11 @@ class DriverKernel(Launcher):
         self.function = ctypes.c_void_p()
         _check(driver.cuModuleGetFunction(ctypes.byref(self.function), _modules[key],
                                           name.encode()), f"finding {name}")
-        _check(driver.cuFuncSetAttribute(self.function, _NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),
-               f"allowing {name} clusters of more than {PORTABLE_CLUSTER} blocks")
-        self.arg_types, self.name = arg_types, name
+        if cluster_blocks(source, name) > PORTABLE_CLUSTER:
+            _check(driver.cuFuncSetAttribute(self.function, _NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+                                             1),
+                   f"allowing {name} clusters of more than {PORTABLE_CLUSTER} blocks")
+        self.arg_types, self.name, self.cooperative = arg_types, name, cooperative
         self.shared_allowed = 48 * 1024
 
     def launch(self, grid: tuple[int, int, int], block: tuple[int, int, int],
@@ -251,14 +256,22 @@ class DriverKernel(Launcher):
                   for code, arg in zip(self.arg_types, args, strict=True)]
         pointers = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        if self.cooperative:
+            _check(driver.cuLaunchCooperativeKernel(self.function, *grid, *block, shared_mem,
+                                                    stream, pointers),
+                   f"launching {self.name} cooperatively ({math.prod(grid)} blocks, all "
+                   "resident at once)")
+            return
         _check(driver.cuLaunchKernel(self.function, *grid, *block, shared_mem, stream, pointers,
                                      None), f"launching {self.name}")
 
 
 def load_kernel(source: str, name: str, arg_types: str,
-                options: Sequence[str] = ()) -> Launcher:
-    if cluster_blocks(source, name) > PORTABLE_CLUSTER:
-        return DriverKernel(source, name, arg_types, options)
+                options: Sequence[str] = (), cooperative: bool = False) -> Launcher:
+    """`name` of `source`, compiled, launched as `Launcher` says; `cooperative`: its blocks wait
+    for each other, so a launch makes them all resident at once (`DriverKernel`)."""
+    if cooperative or cluster_blocks(source, name) > PORTABLE_CLUSTER:
+        return DriverKernel(source, name, arg_types, options, cooperative)
     return Kernel(compile_module(source, options).get_function(name), arg_types, name)
 
 

@@ -43,8 +43,9 @@ def levels_of(kernel: Kernel) -> int:
 
 
 def workspace_slots(kernel: Kernel, schedule: Schedule) -> list[Slot]:
-    """The partial results split loops pass between launches, one (rows, splits) tensor each
-    (a cluster's blocks pass theirs to each other instead)."""
+    """The partial results split loops pass between launches, or a row's blocks of the GPU to
+    each other past their barrier, one (rows, splits) tensor each (a cluster's blocks pass
+    theirs through their shared memory instead)."""
     if schedule.split_count(kernel) > 1 and kernel.reductions and not schedule.cluster_blocks:
         return [s for r in kernel.reductions for s in slots(r)]
     return []
@@ -79,6 +80,9 @@ class Launch:
         striding over the blocks."""
         blocks = self.blocks(rows_per_program)
         per_sm = self.schedule.resident_per_sm
+        if self.schedule.grid_blocks:
+            # Every block of a cooperative launch resident at once: rows at a time to fill it.
+            return f"min({blocks}, max(1, {per_sm} * sms // {self.schedule.grid_blocks}))"
         return f"min({blocks}, {per_sm} * sms)" if per_sm else str(blocks)
 
 
@@ -127,7 +131,12 @@ def frame(program: Program, schedule: Schedule) -> Frame:
             allocations.append(f"ws{k}_{j} = torch.empty(({kernel.row_count}, "
                                f"{chosen.split_count(kernel)}), device={device}, "
                                f"dtype={slot.dtype})")
-        phases = levels_of(kernel) if workspaces else 0
+        if workspaces and chosen.grid_blocks:
+            # A count of the blocks at each level's barrier of each row, from zero every call.
+            workspaces.append(f"arrivals{k}")
+            allocations.append(f"arrivals{k} = torch.zeros(({levels_of(kernel)}, "
+                               f"{kernel.row_count}), device={device}, dtype=torch.int32)")
+        phases = levels_of(kernel) if workspaces and not chosen.grid_blocks else 0
         launches += [Launch(k, phase, kernel, chosen, tuple(step.reads + step.writes + workspaces))
                      for phase in range(phases + 1)]
     if any(launch.schedule.resident_per_sm for launch in launches):

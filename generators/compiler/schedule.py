@@ -17,7 +17,11 @@ other through distributed shared memory, and each goes on with the row's totals 
 the outputs. A row is then read by several SMs at once and done soon after, so that far fewer
 rows are in flight than with a block a row, and a row's second walk finds it in L2. With
 `keep_row` (CUDA), a block keeps its share of each row's inputs in shared memory from the first
-walk to the last, which then read no memory at all.
+walk to the last, which then read no memory at all. Rows too long for a cluster's shared memory
+(a group norm's 8 MB groups) are shared by `grid_blocks` blocks anywhere on the GPU (CUDA): each
+block writes its partial results to global memory and waits at a barrier of the row's blocks
+before reading theirs, in one cooperative launch (every block resident at once, so that none
+waits on one that never starts), the blocks striding over the rows a few at a time.
 """
 
 from __future__ import annotations
@@ -57,6 +61,9 @@ class Schedule:
     cluster_blocks: int = 0  # blocks of a cluster sharing each row's loops (CUDA); 0: none
     keep_row: bool = False  # a row's inputs kept on chip between its walks (CUDA)
     held: str = "shared"  # where kept inputs live: "shared" memory or "registers"
+    # Blocks anywhere on the GPU sharing each row's loops in one launch, exchanging partial
+    # results through global memory (CUDA, a cooperative launch); 0: none.
+    grid_blocks: int = 0
 
     def describe(self) -> str:
         return (f"{self.block_rows} row(s) x {self.block_columns} columns a block, "
@@ -66,6 +73,8 @@ class Schedule:
                    if self.resident_per_sm else "")
                 + (f", each row shared by a cluster of {self.cluster_blocks} blocks"
                    if self.cluster_blocks else "")
+                + (f", each row shared by {self.grid_blocks} blocks of the GPU meeting at a "
+                   "barrier in global memory" if self.grid_blocks else "")
                 + (f", each row's inputs kept in {HELD_IN[self.held]} between its walks"
                    if self.keep_row else ""))
 
@@ -73,19 +82,25 @@ class Schedule:
         """This schedule within the kernel's sizes: no more rows a block than the kernel has
         (one, when no dimension is a row one), no more splits than blocks of a loop. A cluster
         shares the loops of a reduction kernel's rows (not a scan's, whose total crosses the
-        row), in place of splits and of striding blocks."""
+        row), in place of splits and of striding blocks; so do a row's blocks of the GPU, a row
+        a block, one block an SM or more, striding over the rows."""
         rows = min(self.block_rows, _pow2(kernel.row_count))
         loop = kernel.longest_loop
         keep = (self.keep_row and kernel.walks_rows_twice() and kernel.scan_dim is None
                 and not kernel.rows_contiguous())
-        if self.cluster_blocks and kernel.reductions and kernel.scan_dim is None:
-            return replace(self, block_rows=rows, splits=1, resident_per_sm=0, keep_row=keep,
+        shared_rows = kernel.reductions and kernel.scan_dim is None
+        if self.grid_blocks and shared_rows:
+            return replace(self, block_rows=1, splits=1, cluster_blocks=0,
+                           resident_per_sm=max(1, self.resident_per_sm), keep_row=keep,
                            held=self.held if keep else "shared")
+        if self.cluster_blocks and shared_rows:
+            return replace(self, block_rows=rows, splits=1, resident_per_sm=0, keep_row=keep,
+                           held=self.held if keep else "shared", grid_blocks=0)
         splits = max(1, min(self.splits, -(-loop // self.block_columns)))
         # Split launches end a row's walk at each level: nothing to keep between them.
         keep = keep and splits == 1
         return replace(self, block_rows=rows, splits=splits, cluster_blocks=0, keep_row=keep,
-                       held=self.held if keep else "shared")
+                       held=self.held if keep else "shared", grid_blocks=0)
 
     def persistent(self, kernel: Kernel) -> bool:
         """Every loop of a row fits in one block of columns, and one program does them."""
@@ -97,7 +112,7 @@ class Schedule:
         if kernel.scan_dim is not None:
             return 1
         if kernel.reductions:
-            return self.cluster_blocks or min(self.splits, MAX_SPLITS)
+            return self.cluster_blocks or self.grid_blocks or min(self.splits, MAX_SPLITS)
         return min(MAX_SPLITS, max(1, -(-kernel.column_count // self.block_columns)))
 
 
@@ -161,6 +176,9 @@ CLUSTER_DRAFTS = ((8, 16), (4, 16))
 WIDE_CLUSTER = 16
 # The longest row one block keeps whole in shared memory: what it may take, in fp32, less a pass.
 KEPT_ROW = MAX_DYNAMIC_SHARED // 4 - 4096
+# Blocks of the GPU sharing a row too long for a cluster's shared memory: divisors of the 132 SMs
+# of an H100 or H200, so that whole rows at a time fill it.
+GRID_BLOCKS = (22, 33, 44, 66, 132)
 # The most warps a block has.
 MAX_WARPS = 32
 
@@ -175,7 +193,7 @@ def cuda_drafts(kernel: Kernel) -> list[tuple[Schedule, str]]:
     if (kernel.scan_dim is not None or not kernel.walks_rows_twice()
             or kernel.rows_contiguous() or loop <= MAX_PERSISTENT_COLUMNS):
         return []
-    found = []
+    found = _grid_drafts(loop)
     if loop <= KEPT_ROW:
         found += _held_twins(Schedule(1, 4096, 16, keep_row=True), loop,
                              f"rows of {loop} values, each kept in the {{held}} of a block of "
@@ -192,6 +210,24 @@ def cuda_drafts(kernel: Kernel) -> list[tuple[Schedule, str]]:
             found.append((Schedule(1, 4096, warps, cluster_blocks=blocks),
                           shared.format(threads=32 * warps) + ": few rows in flight, so that "
                           "a row's second walk finds it in L2"))
+    return found
+
+
+def _grid_drafts(loop: int) -> list[tuple[Schedule, str]]:
+    """Rows whose share would not fit a block's shared memory even in a cluster of the most
+    blocks: each shared by blocks of the whole GPU, the fewest whose shares fit first."""
+    if -(-loop // WIDE_CLUSTER) <= KEPT_ROW:
+        return []
+    sms = GpuPeaks().sms
+    found = []
+    for blocks in [b for b in GRID_BLOCKS if b <= sms and -(-loop // b) <= KEPT_ROW][:2]:
+        warps = MAX_WARPS if _alone(-(-loop // blocks)) else 16
+        found.append((Schedule(1, 4096, warps, resident_per_sm=1, keep_row=True,
+                               grid_blocks=blocks),
+                      f"rows of {loop} values, too long for a cluster's shared memory: each "
+                      f"shared by {blocks} blocks of the GPU ({sms // blocks} rows at a time), "
+                      "each keeping its share in shared memory, their partial results meeting "
+                      "in global memory"))
     return found
 
 

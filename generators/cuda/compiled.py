@@ -14,6 +14,7 @@ the Triton backend.
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from collections.abc import Callable
@@ -62,6 +63,8 @@ class CudaKernelWriter(CudaValues):
         # reduction's loops are shared, rows kept only where rows lie apart and no split launch
         # ends a walk.
         self.cluster = schedule.cluster_blocks
+        # A row's blocks of the GPU: its barriers so far, each waiting for all of them again.
+        self.grid, self.barriers = schedule.grid_blocks, 0
         # Rows kept: each lane's values of the full-shape inputs, from the first walk that
         # loads them to the last, in shared memory (a slot a lane a column it walks, so that
         # only the lane that wrote a value reads it: no barrier between walks) or in registers
@@ -71,8 +74,9 @@ class CudaKernelWriter(CudaValues):
         share, passes = -(-kernel.column_count // self.splits), self.steps * self.lanes
         self.kept_columns = -(-share // passes) * passes  # a row's share, in whole passes
         self.passes = self.kept_columns // passes  # of a kept walk
-        self.kept: dict[int, int] = {}  # input index -> its slot in `kept`
-        self.kept_before: set[int] = set()  # inputs an earlier walk stored
+        # (input index, coordinates) -> its slot in `kept`; those an earlier walk stored.
+        self.kept: dict[tuple[int, Coords], int] = {}
+        self.kept_before: set[tuple[int, Coords]] = set()
         self.position: str | None = None  # the walk's place in a kept row, inside a kept walk
 
     def workspace(self, reduction: Reduction, name: str) -> str:
@@ -88,7 +92,8 @@ class CudaKernelWriter(CudaValues):
                 + [f"{element_type(o.dtype)}* __restrict__ out{i}"
                    for i, o in enumerate(kernel.graph.outputs)]
                 + [f"{_c_type(slot)}* __restrict__ ws{j}"
-                   for j, slot in enumerate(self.workspaces)])
+                   for j, slot in enumerate(self.workspaces)]
+                + (["int* __restrict__ arrivals"] if self.grid and self.workspaces else []))
 
     def columns(self, size: int, symbols: list[str], body: Callable[[], None]) -> None:
         """`body()` for this block's share of `size` columns, the lanes of a row side by side,
@@ -143,17 +148,18 @@ class CudaKernelWriter(CudaValues):
         self.memo = saved_memo
 
     def load(self, value: Input, coords: Coords) -> str:
-        """A full-shape input's value in a kept walk: loaded and kept (in shared memory or in
-        registers) by the first walk that reads it, read from there by the later ones."""
-        natural = tuple(Expr.of(symbol) for symbol in self.kernel.symbols)
-        if (self.position is None or tuple(value.shape) != tuple(self.kernel.domain)
-                or coords != natural
+        """A value of an input as large as the domain (in whatever shape: a group norm's input
+        is its groups' domain viewed), in a kept walk: loaded and kept (in shared memory or in
+        registers) by the first walk that reads it at these coordinates, read from there by the
+        later ones, which read the same element at the same place of their walk."""
+        if (self.position is None or math.prod(value.shape) != math.prod(self.kernel.domain)
                 or not (value.dtype.is_floating_point or value.dtype == torch.bool)):
             return super().load(value, coords)
-        slot = self.kept.setdefault(value.index, len(self.kept))
+        key = (value.index, coords)
+        slot = self.kept.setdefault(key, len(self.kept))
         at = (f"kept{slot}[{self.position}]" if self.registers else
               f"kept[{slot * self.rows_per_block * self.kept_columns} + {self.position}]")
-        if value.index in self.kept_before:
+        if key in self.kept_before:
             return self.let(at, "x")
         loaded = super().load(value, coords)
         self.line(f"{at} = {loaded};")
@@ -207,8 +213,14 @@ class CudaKernelWriter(CudaValues):
             self.fold(reduction, slots[reduction.index])
         if self.cluster:
             self.exchange(group, slots)
+        elif self.grid:
+            for reduction in group:
+                self.store_partials(reduction, slots[reduction.index])
+            self.barriers += 1
+            self.line(f"row_barrier(&arrivals[row], {self.barriers * self.splits});")
+            slots = {r.index: self.folded_partials(r) for r in group}
         for reduction in group:
-            if self.workspaces:
+            if self.workspaces and not self.grid:
                 self.store_partials(reduction, slots[reduction.index])
             else:
                 self.finish(reduction, slots[reduction.index])
@@ -298,15 +310,17 @@ class CudaKernelWriter(CudaValues):
             self.line(f"if (lane == 0 && row_ok) {{ {self.workspace(reduction, each.name)}"
                       f"[row * {self.splits} + blockIdx.y] = {slot[each.name]}; }}")
 
-    def combine(self, reduction: Reduction) -> None:
-        """A reduction of an earlier launch: its partial results, folded over the splits."""
+    def folded_partials(self, reduction: Reduction) -> dict[str, str]:
+        """The row's partial results of `reduction`, stored by an earlier launch or by the row's
+        blocks before their barrier, folded over the splits in order (the same result in every
+        block); read from L2, which every SM sees, past the SM's own cache."""
         slot = self.accumulators(reduction)
         self.line(f"for (int part = lane; part < {self.splits}; part += LANES) {{")
-        self.fold_in(reduction, slot, lambda name: f"{self.workspace(reduction, name)}"
-                                                   f"[row * {self.splits} + part]")
+        self.fold_in(reduction, slot, lambda name: f"__ldcg(&{self.workspace(reduction, name)}"
+                                                   f"[row * {self.splits} + part])")
         self.line("}")
         self.fold(reduction, slot)
-        self.finish(reduction, slot)
+        return slot
 
     # The launch.
     def body(self) -> list[str]:
@@ -344,13 +358,13 @@ class CudaKernelWriter(CudaValues):
         self.line(f"const bool row_ok = raw_row < {kernel.row_count};")
         self.line(f"const {self.index} row = row_ok ? raw_row : {kernel.row_count - 1};")
         self.counters("row", [kernel.symbols[d] for d in kernel.rows])
-        split = bool(self.workspaces)
+        split = bool(self.workspaces) and not self.grid
         final = not split or self.phase == self.levels
         for level in range(self.levels if final else self.phase + 1):
             reductions = [r for r in kernel.reductions if r.level == level]
             if split and (level < self.phase or final):
                 for reduction in reductions:
-                    self.combine(reduction)
+                    self.finish(reduction, self.folded_partials(reduction))
             else:
                 self.level(reductions)
         if final:

@@ -1,5 +1,6 @@
 """Device code the compiler's CUDA kernels (`generators.cuda.compiled`) share: folds of a row's
-lanes, and the exchange of a row's partial results between the blocks of a cluster."""
+lanes, and the exchange of a row's partial results between the blocks of a cluster, or between
+blocks anywhere on the GPU."""
 
 # Device code every compiled CUDA kernel shares: the folds over a row's lanes (templates, so
 # C++ linkage inside the source's `extern "C"`).
@@ -133,6 +134,32 @@ __device__ __forceinline__ void send_to_cluster(T* slot, T value) {
 __device__ __forceinline__ void cluster_barrier() {
     asm volatile("barrier.cluster.arrive.release.aligned;\n\t"
                  "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+}  // extern "C++"
+"""
+
+
+# Device code of kernels whose rows blocks anywhere on the GPU share (a cooperative launch, so that
+# they are all resident): a row's barrier in global memory. `arrived` counts the arrivals of the
+# row's blocks over the launch, so that its k-th barrier waits for k times its blocks; the fences
+# around it make each block's partial results, stored before, visible to all of them past it.
+GRID_EXCHANGE = r"""
+extern "C++" {
+__device__ __forceinline__ void row_barrier(int* arrived, int target) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        atomicAdd(arrived, 1);
+        int seen;
+        asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(seen) : "l"(arrived) : "memory");
+        while (seen < target) {
+            __nanosleep(64);
+            asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(seen) : "l"(arrived)
+                         : "memory");
+        }
+        __threadfence();
+    }
+    __syncthreads();
 }
 }  // extern "C++"
 """

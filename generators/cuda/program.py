@@ -11,7 +11,7 @@ from generators.compiler.site import program_of
 from generators.cuda.cluster_shares import SHARED_LIMIT, held_limit
 from generators.cuda.compiled import CudaKernelWriter
 from generators.cuda.expressions import HELPERS
-from generators.cuda.folds import CLUSTER_EXCHANGE, FOLDS
+from generators.cuda.folds import CLUSTER_EXCHANGE, FOLDS, GRID_EXCHANGE
 from generators.site_graph import SiteGraph, Unsupported
 
 _SOURCE = '''"""Kiln rules kernel (cuda, compiled): {ops}. {schedule}."""
@@ -29,7 +29,8 @@ SOURCE = r"""{helpers}
 class ModelNew(nn.Module):
     def __init__(self):
         super().__init__()
-        self.kernels = {{name: load_kernel(SOURCE, name, types) for name, types in {signatures}}}
+        self.kernels = {{name: load_kernel(SOURCE, name, types, cooperative=cooperative)
+                        for name, types, cooperative in {signatures}}}
 
     def forward(self, {params}):
 {statements}
@@ -42,7 +43,7 @@ def write_cuda_program(program: Program, schedule: Schedule, ops: str) -> str:
     """The candidate source; the largest kernel takes `schedule`, the others their first
     draft."""
     forward = frame(program, schedule)
-    kernels, launches, signatures, clustered = [], [], [], False
+    kernels, launches, signatures, clustered, gridded = [], [], [], False, False
     for launch in forward.launches:
         writer = CudaKernelWriter(launch.kernel, launch.schedule, launch.phase)
         body = writer.body()
@@ -57,10 +58,11 @@ def write_cuda_program(program: Program, schedule: Schedule, ops: str) -> str:
                               "each row among more blocks")
         parameters = ",\n    ".join(writer.parameter_types())
         clustered = clustered or bool(writer.cluster)
+        gridded = gridded or bool(writer.grid)
         cluster = f" __cluster_dims__(1, {writer.cluster}, 1)" if writer.cluster else ""
         kernels.append(f"__global__ void __launch_bounds__({writer.threads}){cluster} "
                        f"{launch.name}(\n    {parameters})\n{{\n" + "\n".join(body) + "\n}\n")
-        signatures.append((launch.name, "P" * len(launch.arguments)))
+        signatures.append((launch.name, "P" * len(launch.arguments), bool(writer.grid)))
         blocks = launch.grid_rows(writer.rows_per_block)
         shared = f", shared_mem={writer.kept_bytes}" if writer.kept_bytes else ""
         launches.append(f"        self.kernels[{launch.name!r}](grid=({blocks}, {launch.splits}, "
@@ -68,7 +70,8 @@ def write_cuda_program(program: Program, schedule: Schedule, ops: str) -> str:
                         f"{', '.join(launch.arguments)},){shared})")
     return _SOURCE.format(
         ops=ops, schedule=forward.schedule.describe(),
-        helpers=HELPERS + FOLDS + (CLUSTER_EXCHANGE if clustered else ""),
+        helpers=HELPERS + FOLDS + (CLUSTER_EXCHANGE if clustered else "")
+        + (GRID_EXCHANGE if gridded else ""),
         kernels="\n".join(kernels), signatures=tuple(signatures),
         params=", ".join(forward.params),
         statements="\n".join(" " * 8 + s for s in forward.checks + forward.allocations),

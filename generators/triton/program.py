@@ -33,10 +33,11 @@ class ModelNew(nn.Module):
 def write_program(program: Program, schedule: Schedule, ops: str) -> str:
     """The candidate source; the largest kernel takes `schedule`, the others their first
     draft."""
-    if schedule.cluster_blocks or schedule.keep_row:
-        raise Unsupported("thread-block clusters and rows kept in shared memory are the CUDA "
-                          "tier's: Triton kernels share a row's loops through split launches "
-                          "and keep rows whole in registers")
+    if schedule.cluster_blocks or schedule.keep_row or schedule.grid_blocks:
+        raise Unsupported("thread-block clusters, rows shared by blocks meeting at a barrier, "
+                          "and rows kept in shared memory are the CUDA tier's: Triton kernels "
+                          "share a row's loops through split launches and keep rows whole in "
+                          "registers")
     forward = frame(program, schedule)
     kernels, launches = [], []
     for launch in forward.launches:

@@ -31,6 +31,8 @@ inline float __int_as_float(int x) { return std::bit_cast<float>(x); }
 inline int __float_as_int(float x) { return std::bit_cast<int>(x); }
 inline float __uint_as_float(unsigned int x) { return std::bit_cast<float>(x); }
 inline unsigned int __float_as_uint(float x) { return std::bit_cast<unsigned int>(x); }
+// A load through L2 past the SM's cache: one memory here.
+template <class T> inline T __ldcg(const T* address) { return *address; }
 
 // x times the reciprocal, and for 2^126 < |y| < 2^128 a zero (NaN for an infinite x), as the
 // GPU's div.approx.f32.
