@@ -99,19 +99,20 @@ def test_the_search_moves_the_blocks_of_a_row_a_rung_at_a_time():
     assert not [s for s in neighbours(Schedule()) if s.knob == "grid_blocks"]
 
 
-# G blocks a row: each stores its index, meets the others at the row's barrier, then writes the
-# sum of all the indices; twice, so that the second barrier waits for twice the blocks.
+# The blocks of a row: each stores round times its index, meets the others at the row's barrier,
+# writes the sum of what they all stored, and meets them again before the next round's stores;
+# two rounds, so that the row's k-th barrier waits for k times its blocks.
 BARRIER = GRID_EXCHANGE + r"""
 __global__ void __launch_bounds__(64) meet(int* slots, int* sums, int* arrivals) {
     const int row = blockIdx.x, blocks = gridDim.y;
     for (int round = 1; round <= 2; ++round) {
         if (threadIdx.x == 0) slots[row * blocks + blockIdx.y] = round * blockIdx.y;
-        row_barrier(&arrivals[row], round * blocks);
+        row_barrier(&arrivals[row], (2 * round - 1) * blocks);
         int total = 0;
         for (int b = 0; b < blocks; ++b) total += __ldcg(&slots[row * blocks + b]);
         if (threadIdx.x == 0) sums[(round - 1) * gridDim.x * blocks + row * blocks + blockIdx.y]
             = total;
-        row_barrier(&arrivals[row], (round + 1) * blocks);
+        row_barrier(&arrivals[row], 2 * round * blocks);
     }
 }
 """
