@@ -9,7 +9,8 @@ import re
 import pytest
 import torch
 
-from core.runtime.cuda import cluster_blocks, load_kernel
+from core.evaluate.guard import install_launch_counters
+from core.runtime.cuda import DriverKernel, cluster_blocks, load_kernel
 from generators.compiler.schedule import Schedule
 from generators.cuda.program import write_cuda_compiled
 from generators.site_graph import load_site_graph
@@ -57,6 +58,13 @@ def test_a_kernels_cluster_is_read_from_its_declaration(tmp_path):
         source = kernel_source(write_cuda_compiled(graph, Schedule(1, 256, 4,
                                                                    cluster_blocks=blocks)))
         assert cluster_blocks(source, "site_kernel_0_0") == blocks
+
+
+def test_launches_through_the_driver_are_counted_as_pycudas_are():
+    # Else a candidate whose kernels launch through the driver (16-block clusters, cooperative
+    # launches) is rejected for launching no kernel.
+    install_launch_counters()
+    assert getattr(DriverKernel.launch, "kiln_counting", False)
 
 
 def test_a_wide_clusters_argument_codes_are_checked_before_anything_loads():

@@ -8,7 +8,8 @@ a changed guard byte was written out of bounds. The bands are sized to the data 
 On the CPU a buffer is shared memory (`core.evaluate.transport.Region`) mapped between
 inaccessible pages, so a write beyond a band faults.
 
-Kernel launches are counted by wrapping Triton's and pycuda's launchers. A torch op that runs
+Kernel launches are counted by wrapping Triton's and pycuda's launchers, and the launches
+`core.runtime.cuda` makes through the CUDA driver itself. A torch op that runs
 during a launch (in a grid callable, a heuristic, a pre-run hook) is recorded apart: the
 interpreter's own argument copies are layout ops; anything else there is torch compute.
 
@@ -102,7 +103,8 @@ def _wrap(cls: type, name: str, count: bool) -> None:
 
 
 def install_launch_counters() -> None:
-    """Wrap Triton's launchers (and pycuda's, once imported); safe to call repeatedly."""
+    """Wrap Triton's launchers (and pycuda's, and the launches `core.runtime.cuda` makes
+    through the CUDA driver, once imported); safe to call repeatedly."""
     from triton.runtime import autotuner, interpreter, jit
 
     _wrap(jit.JITFunction, "run", count=True)
@@ -113,6 +115,8 @@ def install_launch_counters() -> None:
         function = sys.modules["pycuda.driver"].Function
         for name in ("__call__", "prepared_call", "prepared_async_call", "prepared_timed_call"):
             _wrap(function, name, count=True)
+    if "core.runtime.cuda" in sys.modules:  # kernels launched through libcuda, not pycuda
+        _wrap(sys.modules["core.runtime.cuda"].DriverKernel, "launch", count=True)
 
 
 def band_bytes(data_bytes: int, device: torch.device) -> int:
