@@ -45,8 +45,9 @@ def test_groups_too_long_for_a_cluster_are_shared_by_blocks_of_the_gpu_first(tmp
     for schedule, why in gridded:
         share = -(-kernel.longest_loop // schedule.grid_blocks)
         assert share <= KEPT_ROW and schedule.keep_row and schedule.held == "shared"
-        # A share of more than half an SM's shared memory: the block is alone on its SM.
-        assert schedule.num_warps == 32, why
+        # A share of more than half an SM's shared memory: the block is alone on its SM, and
+        # takes 1024 threads with 16 loads in flight each.
+        assert (schedule.num_warps, schedule.block_columns) == (32, 16 * 1024), why
         assert f"{132 // schedule.grid_blocks} rows at a time" in why
 
 

@@ -181,6 +181,9 @@ KEPT_ROW = MAX_DYNAMIC_SHARED // 4 - 4096
 GRID_BLOCKS = (22, 33, 44, 66, 132)
 # The most warps a block has.
 MAX_WARPS = 32
+# Columns a pass of a block alone on its SM keeping its share in shared memory: 16 a thread of
+# 1024 (`generators.cuda.compiled.MAX_KEPT_STEPS` says why).
+ALONE_PASS = 16 * 32 * MAX_WARPS
 
 
 def cuda_drafts(kernel: Kernel) -> list[tuple[Schedule, str]]:
@@ -221,9 +224,9 @@ def _grid_drafts(loop: int) -> list[tuple[Schedule, str]]:
     sms = GpuPeaks().sms
     found = []
     for blocks in [b for b in GRID_BLOCKS if b <= sms and -(-loop // b) <= KEPT_ROW][:2]:
-        warps = MAX_WARPS if _alone(-(-loop // blocks)) else 16
-        found.append((Schedule(1, 4096, warps, resident_per_sm=1, keep_row=True,
-                               grid_blocks=blocks),
+        alone = _alone(-(-loop // blocks))
+        found.append((Schedule(1, ALONE_PASS if alone else 4096, MAX_WARPS if alone else 16,
+                               resident_per_sm=1, keep_row=True, grid_blocks=blocks),
                       f"rows of {loop} values, too long for a cluster's shared memory: each "
                       f"shared by {blocks} blocks of the GPU ({sms // blocks} rows at a time), "
                       "each keeping its share in shared memory, their partial results meeting "
@@ -237,8 +240,9 @@ def _held_twins(kept: Schedule, share: int, why: str) -> list[tuple[Schedule, st
     a thread). A share in shared memory of more than half an SM's leaves its block alone on its
     SM, so that block takes every thread an SM runs, as many loads in flight as two blocks would
     have (bench/NOTES.md, round of 2026-12-06 10:02 UTC: 23_Softmax's 196 KB shares)."""
-    twins = (replace(kept, held="shared",
-                     num_warps=MAX_WARPS if _alone(share) else kept.num_warps),
+    alone = _alone(share)
+    twins = (replace(kept, held="shared", num_warps=MAX_WARPS if alone else kept.num_warps,
+                     block_columns=ALONE_PASS if alone else kept.block_columns),
              replace(kept, held="registers"))
     return [(s, why.format(held=HELD_IN[s.held], threads=32 * s.num_warps)) for s in twins]
 

@@ -33,6 +33,10 @@ from generators.cuda.values import CudaValues, element_type
 NEUTRAL = {"sum": "0.0f", "mean": "0.0f", "prod": "1.0f", "amax": "-INFINITY",
            "amin": "INFINITY", "argmax": "-INFINITY", "argmin": "INFINITY"}
 MAX_STEPS = 8
+# A walk that keeps its share in shared memory, one block of 1024 threads an SM, needs more loads
+# in flight a thread to cover DRAM's latency: 4 to 16 steps took a group norm's rows shared by 44
+# blocks from 10.24 to 7.67 ms on an H100 (bench/NOTES.md, 2026-12-06, 12:51-14:22 UTC).
+MAX_KEPT_STEPS = 16
 FUNCTOR = {"sum": "Add", "mean": "Add", "var": "Add", "prod": "Times", "amax": "NanMax",
            "amin": "NanMin"}
 def _c_type(slot: Slot) -> str:
@@ -56,8 +60,9 @@ class CudaKernelWriter(CudaValues):
         self.rows_apart = (kernel.scan_dim is None and self.lanes > 1
                            and kernel.rows_contiguous())
         # Columns a lane takes each pass of a loop: the schedule's block of columns shared by a
-        # row's lanes, at most MAX_STEPS.
-        self.steps = max(1, min(MAX_STEPS, schedule.block_columns // self.lanes))
+        # row's lanes, at most MAX_STEPS (MAX_KEPT_STEPS where the rows are kept).
+        most = MAX_KEPT_STEPS if schedule.keep_row else MAX_STEPS
+        self.steps = max(1, min(most, schedule.block_columns // self.lanes))
         self.workspaces = workspace_slots(kernel, schedule)
         # The schedule comes fitted to the kernel (`launches.frame`): a cluster only where a
         # reduction's loops are shared, rows kept only where rows lie apart and no split launch
