@@ -59,7 +59,7 @@ def test_a_row_shared_over_the_gpu_is_one_cooperative_launch(tmp_path):
     # partial results of each in the same order.
     assert source.count("row_barrier(&arrivals[row], 22);") == 1
     assert source.count("__ldcg(&ws") == 3 and "int* __restrict__ arrivals" in source
-    assert "arrivals0 = torch.zeros((1, 4)" in source, "counts start from zero every call"
+    assert "arrivals0 = torch.zeros((4,)" in source, "counts start from zero every call"
     assert "grid=(min(4, max(1, 1 * sms // 22)), 22, 1)" in source
     assert "('site_kernel_0_0', 'PPPPPP', True)" in source, "launched cooperatively"
     assert "cooperative=cooperative" in source

@@ -51,6 +51,12 @@ def workspace_slots(kernel: Kernel, schedule: Schedule) -> list[Slot]:
     return []
 
 
+def split_launches(kernel: Kernel, schedule: Schedule) -> bool:
+    """Whether the kernel takes a launch per reduction level, each passing its partial results
+    to the next through the workspaces (a row's blocks of the GPU pass theirs within one)."""
+    return bool(workspace_slots(kernel, schedule)) and not schedule.grid_blocks
+
+
 @dataclass(frozen=True)
 class Launch:
     """One kernel launch: step `step`'s phase `phase`, and the forward's tensors it takes
@@ -132,11 +138,11 @@ def frame(program: Program, schedule: Schedule) -> Frame:
                                f"{chosen.split_count(kernel)}), device={device}, "
                                f"dtype={slot.dtype})")
         if workspaces and chosen.grid_blocks:
-            # A count of the blocks at each level's barrier of each row, from zero every call.
+            # A count a row of its blocks' arrivals at its barriers, from zero every call.
             workspaces.append(f"arrivals{k}")
-            allocations.append(f"arrivals{k} = torch.zeros(({levels_of(kernel)}, "
-                               f"{kernel.row_count}), device={device}, dtype=torch.int32)")
-        phases = levels_of(kernel) if workspaces and not chosen.grid_blocks else 0
+            allocations.append(f"arrivals{k} = torch.zeros(({kernel.row_count},), "
+                               f"device={device}, dtype=torch.int32)")
+        phases = levels_of(kernel) if split_launches(kernel, chosen) else 0
         launches += [Launch(k, phase, kernel, chosen, tuple(step.reads + step.writes + workspaces))
                      for phase in range(phases + 1)]
     if any(launch.schedule.resident_per_sm for launch in launches):

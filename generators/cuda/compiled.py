@@ -24,7 +24,13 @@ import torch
 from generators.compiler.emit import Coords
 from generators.compiler.index import Expr, substitute
 from generators.compiler.ir import Input
-from generators.compiler.launches import Slot, levels_of, slots, workspace_slots
+from generators.compiler.launches import (
+    Slot,
+    levels_of,
+    slots,
+    split_launches,
+    workspace_slots,
+)
 from generators.compiler.plan import Kernel, Reduction
 from generators.compiler.schedule import Schedule
 from generators.cuda.expressions import store_from_float
@@ -363,7 +369,7 @@ class CudaKernelWriter(CudaValues):
         self.line(f"const bool row_ok = raw_row < {kernel.row_count};")
         self.line(f"const {self.index} row = row_ok ? raw_row : {kernel.row_count - 1};")
         self.counters("row", [kernel.symbols[d] for d in kernel.rows])
-        split = bool(self.workspaces) and not self.grid
+        split = split_launches(kernel, self.schedule)
         final = not split or self.phase == self.levels
         for level in range(self.levels if final else self.phase + 1):
             reductions = [r for r in kernel.reductions if r.level == level]

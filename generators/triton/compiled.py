@@ -14,7 +14,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from generators.compiler.index import Expr, substitute
-from generators.compiler.launches import Slot, levels_of, slots, workspace_slots
+from generators.compiler.launches import (
+    Slot,
+    levels_of,
+    slots,
+    split_launches,
+    workspace_slots,
+)
 from generators.compiler.plan import Kernel, Reduction
 from generators.compiler.schedule import Schedule
 from generators.triton.expressions import tl_dtype
@@ -228,7 +234,7 @@ class KernelWriter(ValueWriter):
         self.masks["row"] = self.let(f"{self.rows} < {kernel.row_count}", "rmask")
         self.masks["both"] = self.masks["row"]
         self.counters(self.rows, [kernel.symbols[d] for d in kernel.rows])
-        split = bool(self.workspaces)
+        split = split_launches(kernel, self.schedule)
         final = not split or self.phase == self.levels
         for level in range(self.levels if final else self.phase + 1):
             reductions = [r for r in kernel.reductions if r.level == level]
