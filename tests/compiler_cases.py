@@ -40,9 +40,9 @@ TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 FORCED = (Schedule(2, 8, 4), Schedule(1, 8, 4, splits=3), Schedule(2, 8, 4, resident_per_sm=1))
 # The CUDA tier's own: rows kept on chip between their walks, in shared memory (a row a block,
 # two, and two striding) and in registers (a row a block, two striding), and on a GPU clusters:
-# a row shared by two blocks, two rows a block shared by four with their inputs kept in either,
-# and a row shared by sixteen (launched through the driver: `core.runtime.cuda.DriverKernel`;
-# the CPU's stand-in for CUDA runs no clusters).
+# a row shared by two blocks, two rows a block shared by four with their inputs kept in either
+# (and in vectors of 4), and a row shared by sixteen (launched through the driver:
+# `core.runtime.cuda.DriverKernel`; the CPU's stand-in for CUDA runs no clusters).
 KEPT = (Schedule(1, 8, 4, keep_row=True), Schedule(2, 8, 4, keep_row=True),
         Schedule(2, 8, 4, resident_per_sm=1, keep_row=True),
         Schedule(1, 8, 4, keep_row=True, held="registers"),
@@ -50,11 +50,19 @@ KEPT = (Schedule(1, 8, 4, keep_row=True), Schedule(2, 8, 4, keep_row=True),
 CLUSTERED = (Schedule(1, 8, 4, cluster_blocks=2),
              Schedule(2, 8, 4, cluster_blocks=4, keep_row=True),
              Schedule(2, 8, 4, cluster_blocks=4, keep_row=True, held="registers"),
-             Schedule(1, 8, 4, cluster_blocks=16, keep_row=True))
+             Schedule(1, 8, 4, cluster_blocks=16, keep_row=True),
+             Schedule(2, 8, 4, cluster_blocks=4, keep_row=True, vector=4))
 # On a GPU, rows shared by blocks anywhere on it, meeting at a barrier in global memory (a
 # cooperative launch, which the CPU's stand-in does not run): three blocks a row keeping their
-# shares, and four reading them again.
-GRIDDED = (Schedule(1, 8, 4, grid_blocks=3, keep_row=True), Schedule(2, 8, 4, grid_blocks=4))
+# shares (a column or a vector of 2 at a time), and four reading them again.
+GRIDDED = (Schedule(1, 8, 4, grid_blocks=3, keep_row=True), Schedule(2, 8, 4, grid_blocks=4),
+           Schedule(1, 8, 4, grid_blocks=3, keep_row=True, vector=2))
+# The CUDA tier's vectors of consecutive columns: rows kept in shared memory and in registers,
+# rows read again, and rows split over three programs, 4 and 2 columns a lane a step (cases whose
+# innermost column dimension is no multiple of the width write their scalar twins).
+VECTORED = (Schedule(1, 8, 4, keep_row=True, vector=4),
+            Schedule(2, 8, 4, resident_per_sm=1, keep_row=True, held="registers", vector=2),
+            Schedule(2, 16, 4, vector=4), Schedule(1, 8, 4, splits=3, vector=2))
 DTYPES = {"fp32": "torch.float32", "fp16": "torch.float16", "bf16": "torch.bfloat16"}
 
 
@@ -144,6 +152,15 @@ WINDOW_CASES = [
     Case("x", "F.adaptive_max_pool2d(x, 2) * 2.0", "torch.randn(2, 3, 8, 6)"),
     Case("x, w, b", "F.relu(F.conv2d(x, w, b, stride=2, padding=1, groups=3))",
          "torch.randn(1, 3, 7, 8), torch.randn(3, 1, 3, 3), torch.randn(3)"),
+]
+# Rows whose innermost dimension takes vectors of 4: a group norm's per-channel weights read a
+# column at a time beside its input's vectors, a softmax, and one in half precision (its loads
+# a column at a time, the vector's columns still one lane's).
+VECTOR_CASES = [
+    Case("x, w, b", "F.group_norm(x, 2, w, b)",
+         "torch.randn(2, 8, 3, 8), torch.randn(8), torch.randn(8)"),
+    Case("x", "torch.softmax(x, dim=-1)", "torch.randn(6, 40)"),
+    Case("x", "torch.log_softmax(x, dim=-1)", "torch.randn(6, 40, dtype=torch.float16)"),
 ]
 ALL_CASES = (REDUCTION_CASES + FUSED_CASES + ARG_CASES + SCAN_CASES + NORM_CASES + LOSS_CASES
              + ELEMENTWISE_CASES + WINDOW_CASES)

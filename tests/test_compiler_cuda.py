@@ -1,8 +1,9 @@
 """The kernel compiler's CUDA backend: every case of `compiler_cases` under each schedule compiles
 for sm_90 with nvcc (one translation unit, so the whole set costs one compiler run), and matches
 PyTorch, run on the CPU by `tests.cuda_on_cpu` and on a GPU, each also with its rows kept in
-shared memory, and on the GPU with thread-block clusters and with rows shared by blocks meeting
-at a barrier in global memory (which the CPU's stand-in does not run)."""
+shared memory or registers and walked a vector of columns at a time, and on the GPU with
+thread-block clusters and with rows shared by blocks meeting at a barrier in global memory
+(which the CPU's stand-in does not run)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from core.runtime.cuda import nvcc_check
 from generators.base import Parent
 from generators.compiler.schedule import Schedule
 from generators.cuda.expressions import HELPERS
-from generators.cuda.folds import CLUSTER_EXCHANGE, FOLDS, GRID_EXCHANGE
+from generators.cuda.folds import CLUSTER_EXCHANGE, FOLDS, GRID_EXCHANGE, VECTORS
 from generators.cuda.program import write_cuda_program
 from generators.rules import RulesGenerator
 from generators.site_graph import Unsupported
@@ -24,6 +25,8 @@ from tests.compiler_cases import (
     CLUSTERED,
     GRIDDED,
     KEPT,
+    VECTOR_CASES,
+    VECTORED,
     Case,
     check,
     load_module,
@@ -33,7 +36,9 @@ from tests.compiler_cases import (
 from tests.cuda_on_cpu import kernels_on_cpu
 
 # Scans in the CUDA tier are sums; a running product stays with the Triton tier.
-CUDA_CASES = [case for case in ALL_CASES if "cumprod" not in case.body]
+CUDA_CASES = [case for case in ALL_CASES if "cumprod" not in case.body] + VECTOR_CASES
+# The CUDA tier's own schedules beside each case's drafts.
+CUDA_SCHEDULES = KEPT + VECTORED
 
 
 def _kernels(folder: Path, n: int, case: Case) -> list[tuple[str, str]]:
@@ -41,12 +46,12 @@ def _kernels(folder: Path, n: int, case: Case) -> list[tuple[str, str]]:
     what it is."""
     _, program = write_problem(folder, case)
     found = []
-    for k, schedule in enumerate(schedules_of(program, KEPT + CLUSTERED + GRIDDED)):
+    for k, schedule in enumerate(schedules_of(program, CUDA_SCHEDULES + CLUSTERED + GRIDDED)):
         path = folder / f"kernel_{k}.py"
         path.write_text(write_cuda_program(program, schedule, case.body))
         source = load_module(path, f"cuda_{folder.name}_{n}_{k}").SOURCE
-        kernels = (source.removeprefix(HELPERS + FOLDS).removeprefix(CLUSTER_EXCHANGE)
-                   .removeprefix(GRID_EXCHANGE))
+        kernels = (source.removeprefix(HELPERS + FOLDS).removeprefix(VECTORS)
+                   .removeprefix(CLUSTER_EXCHANGE).removeprefix(GRID_EXCHANGE))
         assert kernels != source, "every compiled CUDA source starts with the shared helpers"
         found.append((f"{case.id} under {schedule.describe()}",
                       kernels.replace("site_kernel_", f"case{n}_{k}_site_kernel_")))
@@ -54,7 +59,7 @@ def _kernels(folder: Path, n: int, case: Case) -> list[tuple[str, str]]:
 
 
 def test_every_case_compiles_for_hopper(tmp_path):
-    parts, starts = [HELPERS + FOLDS + CLUSTER_EXCHANGE + GRID_EXCHANGE], []
+    parts, starts = [HELPERS + FOLDS + VECTORS + CLUSTER_EXCHANGE + GRID_EXCHANGE], []
     for n, case in enumerate(CUDA_CASES):
         for what, kernels in _kernels(tmp_path / f"case{n}", n, case):
             starts.append((sum(p.count("\n") + 1 for p in parts) + 1, what))
@@ -105,14 +110,14 @@ def test_rows_side_by_side_in_memory_take_consecutive_threads(tmp_path):
 @pytest.mark.parametrize("case", CUDA_CASES, ids=[c.id for c in CUDA_CASES])
 def test_every_case_matches_pytorch_run_on_the_cpu(tmp_path, case):
     with kernels_on_cpu():
-        check(tmp_path / "site", case, write_cuda_program, extra=KEPT)
+        check(tmp_path / "site", case, write_cuda_program, extra=CUDA_SCHEDULES)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", CUDA_CASES, ids=[c.id for c in CUDA_CASES])
 def test_every_case_matches_pytorch_on_the_gpu(tmp_path, case):
     check(tmp_path / "site", case, write_cuda_program, device="cuda",
-          extra=KEPT + CLUSTERED + GRIDDED)
+          extra=CUDA_SCHEDULES + CLUSTERED + GRIDDED)
 
 
 @pytest.mark.parametrize("tiers", [("cuda",), ("triton", "cuda")],

@@ -234,14 +234,35 @@ def render(expr: Expr, name: Mapping[str, str], divide: str = "//") -> str:
     return " + ".join(parts)
 
 
-def substitute(expr: Expr, values: Mapping[str, Expr]) -> Expr:
-    """`expr` with some symbols replaced by expressions (floor divisions and remainders kept as
-    they are written)."""
+def substitute(expr: Expr, values: Mapping[str, Expr], ranges: Ranges | None = None) -> Expr:
+    """`expr` with some symbols replaced by expressions: floor divisions and remainders kept as
+    they are written, or, given the `ranges` of the symbols the replacements bring in,
+    simplified again with them."""
     out = Expr((), expr.constant)
     for atom, coef in expr.terms:
         if isinstance(atom, str):
             out = out + (values[atom] if atom in values else Expr.of(atom)).scale(coef)
+            continue
+        kind, inner, k = atom
+        inner = substitute(inner, values, ranges)
+        if ranges is None:
+            out = out + Expr((((kind, inner, k), coef),))
         else:
-            kind, inner, k = atom
-            out = out + Expr(((((kind, substitute(inner, values), k)), coef),))
+            out = out + (floordiv if kind == "//" else mod)(inner, k, ranges).scale(coef)
     return out
+
+
+def unit_stride(offset: Expr, symbol: str, width: int, ranges: Ranges) -> bool:
+    """Whether `width` consecutive values of `symbol` from each multiple of `width` are
+    `width` consecutive places of `offset`, starting at a multiple of `width` (whatever the
+    other symbols are): a vector of `width` elements loaded at once, aligned to its size."""
+    size = ranges.sizes[symbol]
+    if size % width:
+        return False
+    whole, part = f"{symbol}__vectors", f"{symbol}__lane"
+    inside = Ranges({**ranges.sizes, whole: size // width, part: width})
+    split = substitute(offset, {symbol: Expr.of(whole).scale(width) + part}, inside)
+    rest = [(atom, coef) for atom, coef in split.terms if atom != part]
+    return (dict(split.terms).get(part) == 1
+            and all(part not in Expr(((atom, 1),)).symbols() for atom, _ in rest)
+            and split.constant % width == 0 and all(coef % width == 0 for _, coef in rest))

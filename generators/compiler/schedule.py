@@ -64,6 +64,9 @@ class Schedule:
     # Blocks anywhere on the GPU sharing each row's loops in one launch, exchanging partial
     # results through global memory (CUDA, a cooperative launch); 0: none.
     grid_blocks: int = 0
+    # Consecutive columns a thread takes at a time in a row's walks, loaded and stored as one
+    # vector where an input or output lies along them (CUDA); 1: a column at a time.
+    vector: int = 1
 
     def describe(self) -> str:
         return (f"{self.block_rows} row(s) x {self.block_columns} columns a block, "
@@ -76,7 +79,8 @@ class Schedule:
                 + (f", each row shared by {self.grid_blocks} blocks of the GPU meeting at a "
                    "barrier in global memory" if self.grid_blocks else "")
                 + (f", each row's inputs kept in {HELD_IN[self.held]} between its walks"
-                   if self.keep_row else ""))
+                   if self.keep_row else "")
+                + (f", {self.vector} columns a thread at a time" if self.vector > 1 else ""))
 
     def fitted(self, kernel: Kernel) -> Schedule:
         """This schedule within the kernel's sizes: no more rows a block than the kernel has
@@ -86,21 +90,22 @@ class Schedule:
         a block, one block an SM or more, striding over the rows."""
         rows = min(self.block_rows, _pow2(kernel.row_count))
         loop = kernel.longest_loop
+        vector = self.vector if self.vector > 1 and vectors_fit(kernel, self.vector) else 1
         keep = (self.keep_row and kernel.walks_rows_twice() and kernel.scan_dim is None
                 and not kernel.rows_contiguous())
         shared_rows = kernel.reductions and kernel.scan_dim is None
         if self.grid_blocks and shared_rows:
             return replace(self, block_rows=1, splits=1, cluster_blocks=0,
                            resident_per_sm=max(1, self.resident_per_sm), keep_row=keep,
-                           held=self.held if keep else "shared")
+                           held=self.held if keep else "shared", vector=vector)
         if self.cluster_blocks and shared_rows:
             return replace(self, block_rows=rows, splits=1, resident_per_sm=0, keep_row=keep,
-                           held=self.held if keep else "shared", grid_blocks=0)
+                           held=self.held if keep else "shared", grid_blocks=0, vector=vector)
         splits = max(1, min(self.splits, -(-loop // self.block_columns)))
         # Split launches end a row's walk at each level: nothing to keep between them.
         keep = keep and splits == 1
         return replace(self, block_rows=rows, splits=splits, cluster_blocks=0, keep_row=keep,
-                       held=self.held if keep else "shared", grid_blocks=0)
+                       held=self.held if keep else "shared", grid_blocks=0, vector=vector)
 
     def persistent(self, kernel: Kernel) -> bool:
         """Every loop of a row fits in one block of columns, and one program does them."""
@@ -114,6 +119,15 @@ class Schedule:
         if kernel.reductions:
             return self.cluster_blocks or self.grid_blocks or min(self.splits, MAX_SPLITS)
         return min(MAX_SPLITS, max(1, -(-kernel.column_count // self.block_columns)))
+
+
+def vectors_fit(kernel: Kernel, width: int) -> bool:
+    """Whether a reduction kernel's row walks can take `width` columns a thread at a time: rows
+    apart in memory (side by side, a warp's loads are one run already), no scan, and the
+    innermost column dimension a multiple of `width`, so that no vector spans two of its runs."""
+    return bool(kernel.reductions and kernel.columns and kernel.scan_dim is None
+                and not kernel.rows_contiguous()
+                and kernel.domain[kernel.columns[-1]] % width == 0)
 
 
 def _pow2(n: int) -> int:
@@ -179,6 +193,10 @@ KEPT_ROW = MAX_DYNAMIC_SHARED // 4 - 4096
 # Blocks of the GPU sharing a row too long for a cluster's shared memory: divisors of the 132 SMs
 # of an H100 or H200, so that whole rows at a time fill it.
 GRID_BLOCKS = (22, 33, 44, 66, 132)
+# Columns a thread takes at a time in a row's walks on the CUDA tier: one 16-byte load of fp32,
+# as the hand-written cluster norms load (bench/NOTES.md, 2026-12-06, 12:51-14:22 UTC: scalar
+# loads left the compiled kept walks well behind them).
+VECTOR = 4
 # The most warps a block has.
 MAX_WARPS = 32
 # Columns a pass of a block alone on its SM keeping its share in shared memory: 16 a thread of
@@ -213,6 +231,9 @@ def cuda_drafts(kernel: Kernel) -> list[tuple[Schedule, str]]:
             found.append((Schedule(1, 4096, warps, cluster_blocks=blocks),
                           shared.format(threads=32 * warps) + ": few rows in flight, so that "
                           "a row's second walk finds it in L2"))
+    if vectors_fit(kernel, VECTOR):
+        found = [(replace(s, vector=VECTOR), f"{why}; {VECTOR} columns a thread at a time, "
+                  "loaded as one vector") for s, why in found]
     return found
 
 

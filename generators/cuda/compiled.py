@@ -4,7 +4,9 @@ tier from the same IR and schedule as the Triton one (`generators.triton.compile
 A block of `32 * num_warps` threads takes `block_rows` rows; the threads of a row (its lanes)
 walk its columns side by side, each keeping scalar accumulators, and fold them when the loop
 ends, with warp shuffles and, for rows wider than a warp, shared memory: every lane then holds
-the row's result. Where the rows lie side by side in memory (a reduction over a leading
+the row's result. In a row's walks a lane may take `vector` consecutive columns a step, read and
+written as one vector where an input or output lies along them (`generators.cuda.walk_values`).
+Where the rows lie side by side in memory (a reduction over a leading
 dimension), consecutive threads take consecutive rows instead, so that a warp's loads of one
 column are one contiguous run, and a row's lanes, a block's rows apart, fold in shared memory.
 The variance keeps sums shifted by the row's first value. With splits, each reduction level is
@@ -14,16 +16,13 @@ the Triton backend.
 
 from __future__ import annotations
 
-import math
 import re
 from collections import Counter
 from collections.abc import Callable
 
 import torch
 
-from generators.compiler.emit import Coords
 from generators.compiler.index import Expr, substitute
-from generators.compiler.ir import Input
 from generators.compiler.launches import (
     Slot,
     levels_of,
@@ -33,8 +32,8 @@ from generators.compiler.launches import (
 )
 from generators.compiler.plan import Kernel, Reduction
 from generators.compiler.schedule import Schedule
-from generators.cuda.expressions import store_from_float
-from generators.cuda.values import CudaValues, element_type
+from generators.cuda.values import element_type
+from generators.cuda.walk_values import WalkValues
 
 NEUTRAL = {"sum": "0.0f", "mean": "0.0f", "prod": "1.0f", "amax": "-INFINITY",
            "amin": "INFINITY", "argmax": "-INFINITY", "argmin": "INFINITY"}
@@ -45,11 +44,13 @@ MAX_STEPS = 8
 MAX_KEPT_STEPS = 16
 FUNCTOR = {"sum": "Add", "mean": "Add", "var": "Add", "prod": "Times", "amax": "NanMax",
            "amin": "NanMin"}
+
+
 def _c_type(slot: Slot) -> str:
     return "long long" if slot.dtype == torch.int64 else "float"
 
 
-class CudaKernelWriter(CudaValues):
+class CudaKernelWriter(WalkValues):
     """One launch of a planned kernel (phases as in the Triton backend)."""
 
     def __init__(self, kernel: Kernel, schedule: Schedule, phase: int) -> None:
@@ -65,10 +66,12 @@ class CudaKernelWriter(CudaValues):
         # Rows side by side in memory: a block's rows on consecutive threads (coalesced loads).
         self.rows_apart = (kernel.scan_dim is None and self.lanes > 1
                            and kernel.rows_contiguous())
-        # Columns a lane takes each pass of a loop: the schedule's block of columns shared by a
-        # row's lanes, at most MAX_STEPS (MAX_KEPT_STEPS where the rows are kept).
+        # Vectors a lane takes each pass of a loop (of `vector` columns in a row's walks, of one
+        # in the others): the schedule's block of columns shared by a row's lanes, at most
+        # MAX_STEPS (MAX_KEPT_STEPS where the rows are kept).
+        self.vector = schedule.vector
         most = MAX_KEPT_STEPS if schedule.keep_row else MAX_STEPS
-        self.steps = max(1, min(most, schedule.block_columns // self.lanes))
+        self.steps = max(1, min(most, schedule.block_columns // (self.lanes * self.vector)))
         self.workspaces = workspace_slots(kernel, schedule)
         # The schedule comes fitted to the kernel (`launches.frame`): a cluster only where a
         # reduction's loops are shared, rows kept only where rows lie apart and no split launch
@@ -82,13 +85,10 @@ class CudaKernelWriter(CudaValues):
         # (an array a lane, its walks unrolled whole so that every index is a constant).
         self.keep = schedule.keep_row
         self.registers = self.keep and schedule.held == "registers"
-        share, passes = -(-kernel.column_count // self.splits), self.steps * self.lanes
+        share = self.share(kernel.column_count, self.vector)
+        passes = self.steps * self.lanes * self.vector
         self.kept_columns = -(-share // passes) * passes  # a row's share, in whole passes
         self.passes = self.kept_columns // passes  # of a kept walk
-        # (input index, coordinates) -> its slot in `kept`; those an earlier walk stored.
-        self.kept: dict[tuple[int, Coords], int] = {}
-        self.kept_before: set[tuple[int, Coords]] = set()
-        self.position: str | None = None  # the walk's place in a kept row, inside a kept walk
 
     def workspace(self, reduction: Reduction, name: str) -> str:
         found = [j for j, slot in enumerate(self.workspaces)
@@ -106,12 +106,20 @@ class CudaKernelWriter(CudaValues):
                    for j, slot in enumerate(self.workspaces)]
                 + (["int* __restrict__ arrivals"] if self.grid and self.workspaces else []))
 
+    def share(self, size: int, width: int) -> int:
+        """A block's share of a row's `size` columns: whole vectors of `width`."""
+        each = -(-size // self.splits)
+        return -(-each // width) * width
+
     def columns(self, size: int, symbols: list[str], body: Callable[[], None]) -> None:
         """`body()` for this block's share of `size` columns, the lanes of a row side by side,
-        `self.steps` columns a lane each pass (unrolled, so that their loads are in flight
-        together); every lane runs every step (a lane past the end works on the last column and
-        `inside` says so), so that shuffles in the body see them all."""
-        share = -(-size // self.splits)
+        `self.steps` vectors a lane each pass (unrolled, so that their loads are in flight
+        together); every lane runs every step (a lane past the end works on the last vector and
+        `inside` says so), so that shuffles in the body see them all. A row's walks take
+        `self.vector` consecutive columns a lane a step, the others one."""
+        kept_walk = tuple(symbols) == tuple(self.kernel.symbols[d] for d in self.kernel.columns)
+        width = self.vector if kept_walk else 1
+        share = self.share(size, width)
         if not self.kernel.reductions:  # whole passes: no pass of a share left nearly empty
             share = -(-share // (self.steps * self.lanes)) * self.steps * self.lanes
         start, end = self.name("start"), self.name("end")
@@ -121,33 +129,55 @@ class CudaKernelWriter(CudaValues):
         insert_at, saved_memo = len(self.lines), dict(self.memo)
         self.carries, self.after = [], []
         base, step = self.name("base"), self.name("step")
-        kept_walk = self.keep and tuple(symbols) == tuple(
-            self.kernel.symbols[d] for d in self.kernel.columns)
+        kept_walk = self.keep and kept_walk
         walk = self.name("walk") if kept_walk and self.registers else ""
+        stride = f"{self.steps} * LANES" + (f" * {width}" if width > 1 else "")
         if walk:
             # A fixed count of passes, unrolled: the kept arrays' indices are constants.
             self.line("#pragma unroll")
             self.line(f"for (int {walk} = 0; {walk} < {self.passes}; ++{walk}) {{")
-            self.line(f"const {self.index} {base} = {start} + ({self.index}){walk} * "
-                      f"{self.steps} * LANES;")
+            self.line(f"const {self.index} {base} = {start} + ({self.index}){walk} * {stride};")
         else:
             self.line(f"for ({self.index} {base} = {start}; {base} < {end}; "
-                      f"{base} += {self.steps} * LANES) {{")
+                      f"{base} += {stride}) {{")
         self.line("#pragma unroll")
         self.line(f"for (int {step} = 0; {step} < {self.steps}; ++{step}) {{")
         self.depth += 1
-        column = self.let(f"{base} + {step} * LANES + lane", "col", "index")
+        lane = f"({step} * LANES + lane) * {width}" if width > 1 else f"{step} * LANES + lane"
+        column = first = self.let(f"{base} + {lane}", "col", "index")
         inside = self.name("inside")
         self.line(f"const bool {inside} = {column} < {end};")
-        clamped = self.let(f"{inside} ? {column} : {end} - 1", "c", "index")
+        clamped = self.let(f"{inside} ? {column} : {end} - {width}", "c", "index")
         self.masks.update(column=inside, both=inside)
         self.counters(clamped, symbols)
+        if width > 1:
+            # The vector's columns, in a loop unrolled whole; its loads before it, its stores
+            # after it, at its first column's counters.
+            self.vector_bound, self.before, self.after_vector = dict(self.bound), [], []
+            before_at, self.vector_lane = len(self.lines), self.name("v")
+            self.line("#pragma unroll")
+            self.line(f"for (int {self.vector_lane} = 0; {self.vector_lane} < {width}; "
+                      f"++{self.vector_lane}) {{")
+            self.depth += 1
+            column = self.let(f"{first} + {self.vector_lane}", "col", "index")
+            self.counters(self.let(f"{clamped} + {self.vector_lane}", "c", "index"), symbols)
         if walk:
             self.position = f"{walk} * {self.steps} + {step}"
+            if width > 1:
+                self.position = f"({self.position}) * {width} + {self.vector_lane}"
         elif kept_walk:
             self.position = (f"(threadIdx.x / LANES) * {self.kept_columns} + {column} - "
                              f"{start}")
+            self.vector_position = (f"(threadIdx.x / LANES) * {self.kept_columns} + {first} - "
+                                    f"{start}")
         body()
+        if width > 1:
+            self.depth -= 1
+            self.line("}")
+            self.lines[before_at:before_at] = ["    " * self.depth + b for b in self.before]
+            for text in self.after_vector:
+                self.line(text)
+            self.before, self.vector_bound = None, {}
         self.position = None
         self.kept_before |= set(self.kept)
         for text in self.after:
@@ -157,36 +187,6 @@ class CudaKernelWriter(CudaValues):
         self.line("}")
         self.lines[insert_at:insert_at] = ["    " * self.depth + c for c in self.carries]
         self.memo = saved_memo
-
-    def load(self, value: Input, coords: Coords) -> str:
-        """A value of an input as large as the domain (in whatever shape: a group norm's input
-        is its groups' domain viewed), in a kept walk: loaded and kept (in shared memory or in
-        registers) by the first walk that reads it at these coordinates, read from there by the
-        later ones, which read the same element at the same place of their walk."""
-        if (self.position is None or math.prod(value.shape) != math.prod(self.kernel.domain)
-                or not (value.dtype.is_floating_point or value.dtype == torch.bool)):
-            return super().load(value, coords)
-        key = (value.index, coords)
-        slot = self.kept.setdefault(key, len(self.kept))
-        at = (f"kept{slot}[{self.position}]" if self.registers else
-              f"kept[{slot * self.rows_per_block * self.kept_columns} + {self.position}]")
-        if key in self.kept_before:
-            return self.let(at, "x")
-        loaded = super().load(value, coords)
-        self.line(f"{at} = {loaded};")
-        return loaded
-
-    @property
-    def kept_bytes(self) -> int:
-        """The dynamic shared memory a block's kept rows take."""
-        if self.registers:
-            return 0
-        return 4 * len(self.kept) * self.rows_per_block * self.kept_columns
-
-    @property
-    def kept_registers(self) -> int:
-        """The values a thread keeps in registers."""
-        return len(self.kept) * self.passes * self.steps if self.registers else 0
 
     def accumulators(self, reduction: Reduction) -> dict[str, str]:
         slot = {}
@@ -385,7 +385,7 @@ class CudaKernelWriter(CudaValues):
             self.line("}")
         indent = self.lines[declare_at - 1][:-len(self.lines[declare_at - 1].lstrip())]
         self.lines[declare_at:declare_at] = [
-            f"{indent}float kept{slot}[{self.passes * self.steps}];"
+            f"{indent}float kept{slot}[{self.passes * self.steps * self.vector}];"
             for slot in (self.kept.values() if self.registers else ())]
         return without_unused(self.lines)
 
@@ -394,23 +394,12 @@ class CudaKernelWriter(CudaValues):
         if kernel.full:
             def stores() -> None:
                 for i in kernel.full:
-                    self.store(i, f"row_ok && {self.masks['both']}", self.render(
-                        kernel.output_offset(i)))
+                    self.store(i, f"row_ok && {self.masks['both']}", kernel.output_offset(i))
             self.columns(kernel.column_count, [kernel.symbols[d] for d in kernel.columns],
                          stores)
         for i in kernel.per_row:
             guard = "row_ok && lane == 0" + (" && blockIdx.y == 0" if self.splits > 1 else "")
             self.store(i, guard, "row")
-
-    def store(self, index: int, guard: str, offset: str) -> None:
-        output = self.kernel.graph.outputs[index]
-        value = self.value(output, tuple(self.kernel.output_coords(index)))
-        if output.dtype.is_floating_point or str(output.dtype) == "torch.bool":
-            text = store_from_float(output.dtype, value)
-        else:
-            text = f"({element_type(output.dtype)})({value})"
-        self.line(f"if ({guard}) {{ out{index}[{offset}] = {text}; }}")
-
 
 # A `const` value, or a `__shared__` array, declared alone on its line.
 _DECLARATION = re.compile(r"^\s*(?:const|__shared__) [\w ]+? (\w+)(?: = [^;]*|\[[^\];]*\]);$")

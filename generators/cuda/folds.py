@@ -1,6 +1,38 @@
 """Device code the compiler's CUDA kernels (`generators.cuda.compiled`) share: folds of a row's
-lanes, and the exchange of a row's partial results between the blocks of a cluster, or between
-blocks anywhere on the GPU."""
+lanes, the exchange of a row's partial results between the blocks of a cluster, or between
+blocks anywhere on the GPU, and vectors of consecutive columns loaded and stored at once."""
+
+# A vector of 2 or 4 fp32 columns: one 8- or 16-byte load or store, and its columns one at a
+# time (`v` is a constant once the columns' loop is unrolled, so no lane is picked at run time).
+# A vector access at an address not a multiple of its size faults on the GPU; the CPU build of
+# the tests traps there too.
+VECTORS = r"""
+extern "C++" {
+template <class V> __device__ __forceinline__ V load_vector(const float* at) {
+#ifndef __CUDA_ARCH__
+    if (reinterpret_cast<unsigned long long>(at) % sizeof(V) != 0) { __trap(); }
+#endif
+    return *reinterpret_cast<const V*>(at);
+}
+template <class V> __device__ __forceinline__ void store_vector(float* at, const V& vector) {
+#ifndef __CUDA_ARCH__
+    if (reinterpret_cast<unsigned long long>(at) % sizeof(V) != 0) { __trap(); }
+#endif
+    *reinterpret_cast<V*>(at) = vector;
+}
+__device__ __forceinline__ float lane_of(const float2& q, int v) { return v == 0 ? q.x : q.y; }
+__device__ __forceinline__ float lane_of(const float4& q, int v) {
+    return v == 0 ? q.x : v == 1 ? q.y : v == 2 ? q.z : q.w;
+}
+__device__ __forceinline__ void set_lane(float2& q, int v, float x) {
+    if (v == 0) { q.x = x; } else { q.y = x; }
+}
+__device__ __forceinline__ void set_lane(float4& q, int v, float x) {
+    if (v == 0) { q.x = x; } else if (v == 1) { q.y = x; } else if (v == 2) { q.z = x; }
+    else { q.w = x; }
+}
+}
+"""
 
 # Device code every compiled CUDA kernel shares: the folds over a row's lanes (templates, so
 # C++ linkage inside the source's `extern "C"`).

@@ -11,7 +11,7 @@ from generators.compiler.site import program_of
 from generators.cuda.cluster_shares import SHARED_LIMIT, held_limit
 from generators.cuda.compiled import CudaKernelWriter
 from generators.cuda.expressions import HELPERS
-from generators.cuda.folds import CLUSTER_EXCHANGE, FOLDS, GRID_EXCHANGE
+from generators.cuda.folds import CLUSTER_EXCHANGE, FOLDS, GRID_EXCHANGE, VECTORS
 from generators.site_graph import SiteGraph, Unsupported
 
 _SOURCE = '''"""Kiln rules kernel (cuda, compiled): {ops}. {schedule}."""
@@ -43,7 +43,8 @@ def write_cuda_program(program: Program, schedule: Schedule, ops: str) -> str:
     """The candidate source; the largest kernel takes `schedule`, the others their first
     draft."""
     forward = frame(program, schedule)
-    kernels, launches, signatures, clustered, gridded = [], [], [], False, False
+    kernels, launches, signatures, clustered, gridded, vectored = [], [], [], False, False, False
+    aligned: list[str] = []  # the forward's checks that its inputs take vector loads
     for launch in forward.launches:
         writer = CudaKernelWriter(launch.kernel, launch.schedule, launch.phase)
         body = writer.body()
@@ -57,6 +58,14 @@ def write_cuda_program(program: Program, schedule: Schedule, ops: str) -> str:
                               f"{writer.threads} threads: keep them in shared memory, or share "
                               "each row among more blocks")
         parameters = ",\n    ".join(writer.parameter_types())
+        vectored = vectored or writer.vector > 1
+        for index in sorted(writer.vector_inputs):
+            name, size = launch.arguments[index], 4 * writer.vector
+            check = (f"assert {name}.data_ptr() % {size} == 0, \"the kernel loads {name} "
+                     f"{writer.vector} values at a time: it takes a tensor at an address a "
+                     f"multiple of {size} bytes\"")
+            if name.startswith("in") and check not in aligned:
+                aligned.append(check)
         clustered = clustered or bool(writer.cluster)
         gridded = gridded or bool(writer.grid)
         cluster = f" __cluster_dims__(1, {writer.cluster}, 1)" if writer.cluster else ""
@@ -70,11 +79,13 @@ def write_cuda_program(program: Program, schedule: Schedule, ops: str) -> str:
                         f"{', '.join(launch.arguments)},){shared})")
     return _SOURCE.format(
         ops=ops, schedule=forward.schedule.describe(),
-        helpers=HELPERS + FOLDS + (CLUSTER_EXCHANGE if clustered else "")
+        helpers=HELPERS + FOLDS + (VECTORS if vectored else "")
+        + (CLUSTER_EXCHANGE if clustered else "")
         + (GRID_EXCHANGE if gridded else ""),
         kernels="\n".join(kernels), signatures=tuple(signatures),
         params=", ".join(forward.params),
-        statements="\n".join(" " * 8 + s for s in forward.checks + forward.allocations),
+        statements="\n".join(" " * 8 + s for s in forward.checks + aligned
+                              + forward.allocations),
         launches="\n".join(launches), returns=", ".join(forward.returns))
 
 

@@ -38,6 +38,9 @@ def write_program(program: Program, schedule: Schedule, ops: str) -> str:
                           "and rows kept in shared memory are the CUDA tier's: Triton kernels "
                           "share a row's loops through split launches and keep rows whole in "
                           "registers")
+    if schedule.vector > 1:
+        raise Unsupported("a vector width is the CUDA tier's: Triton vectorizes a block's "
+                          "contiguous loads itself")
     forward = frame(program, schedule)
     kernels, launches = [], []
     for launch in forward.launches:

@@ -4,6 +4,7 @@
 #include <cstdarg>
 #include <cstddef>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 #include <vector>
@@ -23,6 +24,8 @@ struct uint3 { unsigned int x, y, z; };
 struct dim3 { unsigned int x, y, z; };
 struct alignas(8) uint2 { unsigned int x, y; };
 struct alignas(16) uint4 { unsigned int x, y, z, w; };
+struct alignas(8) float2 { float x, y; };
+struct alignas(16) float4 { float x, y, z, w; };
 static constexpr int warpSize = 32;
 static uint3 threadIdx, blockIdx;
 static dim3 blockDim, gridDim;
@@ -148,6 +151,14 @@ static void fiber() {
     self.state = State::returned, self.line = 0;
 }  // and on to the scheduler, the fiber's uc_link
 
+// __trap(): the thread ends there, and the launch fails naming the line.
+[[noreturn]] inline void trap(int line) {
+    fail("a thread trapped on line %d (__trap: a misaligned vector access, say)", line);
+    launch->threads[launch->current].state = State::returned;
+    setcontext(&launch->scheduler);
+    std::abort();  // setcontext returns only if it failed
+}
+
 inline bool same_wait(const Thread& a, const Thread& b) {
     return a.state == b.state && a.line == b.line
         && (a.state != State::at_shuffle || (a.mode == b.mode && a.width == b.width));
@@ -241,6 +252,7 @@ inline bool run_block(bool backwards) {
         thread.state = State::runnable;
     }
     for (;;) {
+        if (launch->error[0] != '\0') { return false; }  // a thread trapped
         bool ran = false;
         for (unsigned int k = 0; k < warps; ++k) {
             const unsigned int first = 32 * (backwards ? warps - 1 - k : k);
@@ -265,7 +277,7 @@ inline bool run_block(bool backwards) {
             synced = synced && thread.state == State::at_syncthreads
                 && thread.line == threads[0].line;
         }
-        if (returned) { return true; }
+        if (returned) { return launch->error[0] == '\0'; }  // unless a thread trapped
         if (synced) {
             for (Thread& thread : threads) { thread.state = State::runnable; }
         } else if (!ran) {
@@ -347,6 +359,7 @@ void call(void (*kernel)(Ts...), void* arguments) {
 }  // namespace kiln
 
 #define __syncthreads() kiln::syncthreads(__LINE__)
+#define __trap() kiln::trap(__LINE__)
 #define __shfl_sync(mask, ...) \
     kiln::shuffle(kiln::Mode::idx, "__shfl_sync", __LINE__, mask, __VA_ARGS__)
 #define __shfl_up_sync(mask, ...) \
