@@ -3,6 +3,7 @@ not starved by a stream of checks, and no two processes can wait on each other."
 
 from __future__ import annotations
 
+import fcntl
 import multiprocessing
 import os
 import subprocess
@@ -12,7 +13,14 @@ from pathlib import Path
 
 from core.evaluate.config import EvalConfig
 from core.evaluate.pool import WorkerPool
-from core.timing.device_lock import DeviceLock, device_lock_path, exclusive_device, physical_gpu
+from core.timing.device_lock import (
+    DeviceLock,
+    device_lock_path,
+    exclusive_device,
+    physical_gpu,
+    process_lock,
+    shared_device,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -101,6 +109,26 @@ def test_a_released_lock_lets_a_child_process_hold_the_device(tmp_path):
                                capture_output=True, text=True)
     assert child.stdout.strip() == "held", child.stderr
     assert lock.mode == 0 and lock.handle is None
+
+
+def test_a_timing_inside_the_process_own_shared_hold_changes_its_mode(tmp_path):
+    """An end-to-end check shares the device for its compiles and output checks, and times
+    inside that hold: the timing takes the process's one lock exclusive instead of waiting on
+    a second handle of its own, and another process times only when neither is held."""
+    path = str(tmp_path / "gpu-0.lock")
+    take = ("import sys\nfrom core.timing.device_lock import exclusive_device\n"
+            "with exclusive_device(sys.argv[1]):\n    print('held')\n")
+    with shared_device(path):
+        other = subprocess.Popen([sys.executable, "-c", take, path], cwd=ROOT, text=True,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        time.sleep(1.0)
+        assert other.poll() is None, "another process timed under this one's shared hold"
+        with exclusive_device(path):
+            assert process_lock(path).mode == fcntl.LOCK_EX
+        assert process_lock(path).mode == fcntl.LOCK_SH
+    out, err = other.communicate(timeout=30)
+    assert out.strip() == "held", err
+    assert process_lock(path).mode == 0 and process_lock(path).handle is None
 
 
 def test_one_lock_per_physical_device_shared_by_every_pool():

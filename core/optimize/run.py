@@ -42,6 +42,7 @@ from core.profile.sites import Site
 from core.runtime.errors import KilnInputError, error_line, out_of_memory
 from core.search.best_counters import profile_best
 from core.search.tree import Node, SiteSearch
+from core.timing.device_lock import device_lock_path, shared_device
 from core.timing.precision import fp32_matmuls
 from generators.base import Feedback, Generator, Parent, Proposal, Proposals, Repairer
 from generators.llm.config import LlmCall
@@ -295,9 +296,11 @@ class OptimizeRun:
         loaded.move_inputs(loaded.device)
         allow_tf32 = self.config.profile.allow_tf32
         tf32 = allow_tf32 or any(s.family == "conv" for s in profiled.table.sites)
-        check = EndToEndCheck(loaded.model, loaded.inputs, self.config.profile.device, tf32,
-                              self.progress)
-        with fp32_matmuls(allow_tf32):
+        device = self.config.profile.device
+        # Its installs, compiles and output checks share the GPU with other runs' checks, and
+        # none of them runs under another run's timing (nor theirs under its timings).
+        with shared_device(device_lock_path(device)), fp32_matmuls(allow_tf32):
+            check = EndToEndCheck(loaded.model, loaded.inputs, device, tf32, self.progress)
             return check.run(total_ms, [w for r in runs if (w := r.winner) is not None])
 
     def _add_sites(self, run_id: int, profiled: ProfiledModel) -> dict[str, int]:

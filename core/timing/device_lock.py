@@ -123,6 +123,24 @@ class DeviceLock:
         return self.hold(fcntl.LOCK_EX)
 
 
+_PROCESS_LOCKS: dict[str, DeviceLock] = {}
+
+
+def process_lock(lock_path: str | None) -> DeviceLock:
+    """This process's one `DeviceLock` of `lock_path`: a timing inside a shared hold of the same
+    lock changes its mode instead of waiting on a second handle of this process's own."""
+    if lock_path is None:
+        return DeviceLock(None)
+    return _PROCESS_LOCKS.setdefault(lock_path, DeviceLock(lock_path))
+
+
 def exclusive_device(lock_path: str | None) -> AbstractContextManager[None]:
     """Hold the device alone while timing (see `DeviceLock`)."""
-    return DeviceLock(lock_path).exclusive()
+    return process_lock(lock_path).exclusive()
+
+
+def shared_device(lock_path: str | None) -> AbstractContextManager[None]:
+    """Share the device with other processes' checks, none of them timing meanwhile: for work
+    on the GPU that is not a measurement (drawing inputs, compiling, checking outputs), so that
+    it never runs under another process's timing."""
+    return process_lock(lock_path).shared()
