@@ -49,7 +49,7 @@ LADDERS: dict[str, tuple[int | bool | str, ...]] = {
     "block_columns": (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384),
     "splits": (1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
     # 0 (one program a block of rows) is the top rung: the most programs in flight.
-    "resident_per_sm": (1, 2, 4, 0),
+    "resident_per_sm": (1, 2, 3, 4, 0),
     "cluster_blocks": (2, 4, 8, 16),
     "grid_blocks": (22, 33, 44, 66, 132),
     "keep_row": (False, True),

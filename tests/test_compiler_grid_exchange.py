@@ -40,15 +40,25 @@ def test_groups_too_long_for_a_cluster_are_shared_by_blocks_of_the_gpu_first(tmp
     kernel = _kernel_of(tmp_path, *GROUP_NORM)
     found = cuda_drafts(kernel)
     gridded = [(s, why) for s, why in found if s.grid_blocks]
-    assert [s.grid_blocks for s, _ in gridded] == [22, 33], found
+    # Groups of 1 M values: shared by 132 blocks, a 32 KB share each, four blocks of 512
+    # threads an SM (the most threads an SM runs); then by 66, three an SM (their 64 KB shares).
+    assert [(s.grid_blocks, s.resident_per_sm) for s, _ in gridded] == [(132, 4), (66, 3)]
     assert found[:2] == gridded, "the only schedules that keep such rows come first"
     for schedule, why in gridded:
         share = -(-kernel.longest_loop // schedule.grid_blocks)
         assert share <= KEPT_ROW and schedule.keep_row and schedule.held == "shared"
-        # A share of more than half an SM's shared memory: the block is alone on its SM, and
-        # takes 1024 threads with 16 loads in flight each.
-        assert (schedule.num_warps, schedule.block_columns) == (32, 16 * 1024), why
-        assert f"{132 // schedule.grid_blocks} rows at a time" in why
+        assert (schedule.num_warps, schedule.block_columns) == (16, 8192), why
+        rows = schedule.resident_per_sm * 132 // schedule.grid_blocks
+        assert f"{rows} rows at a time, one row's blocks reading while another's wait" in why
+
+
+def test_a_share_past_half_an_sm_leaves_its_block_alone_there(tmp_path):
+    # Groups of 2 M values (35_GroupNorm's): 132 blocks a row, three an SM, first; then 44
+    # blocks alone on their SMs (190 KB shares), 1024 threads with 16 columns each in flight.
+    kernel = _kernel_of(tmp_path, "torch.nn.functional.group_norm(x, 2)", (2, 8, 512, 1024))
+    gridded = [s for s, _ in cuda_drafts(kernel) if s.grid_blocks]
+    assert [(s.grid_blocks, s.resident_per_sm) for s in gridded] == [(132, 3), (44, 1)]
+    assert (gridded[1].num_warps, gridded[1].block_columns) == (32, 16 * 1024)
 
 
 def test_a_row_shared_over_the_gpu_is_one_cooperative_launch(tmp_path):

@@ -197,6 +197,14 @@ GRID_BLOCKS = (22, 33, 44, 66, 132)
 # as the hand-written cluster norms load (bench/NOTES.md, 2026-12-06, 12:51-14:22 UTC: scalar
 # loads left the compiled kept walks well behind them).
 VECTOR = 4
+# A block of a row shared over the GPU that shares its SM with others: 16 warps walking 8192
+# columns a pass. Rows of 35_GroupNorm shared by 132 blocks, three an SM, ran faster than shared
+# by 44 or 66 blocks alone on theirs, and than two an SM (bench/NOTES.md, 2026-12-06, 15:25 UTC).
+SHARED_SM_PASS = 8192
+# Shared memory a block takes beyond its kept share: its folds', and what the system reserves.
+BLOCK_SHARED_EXTRA = 2048
+# The threads an SM runs at once (sm_90).
+SM_THREADS = 2048
 # The most warps a block has.
 MAX_WARPS = 32
 # Columns a pass of a block alone on its SM keeping its share in shared memory: 16 a thread of
@@ -239,19 +247,33 @@ def cuda_drafts(kernel: Kernel) -> list[tuple[Schedule, str]]:
 
 def _grid_drafts(loop: int) -> list[tuple[Schedule, str]]:
     """Rows whose share would not fit a block's shared memory even in a cluster of the most
-    blocks: each shared by blocks of the whole GPU, the fewest whose shares fit first."""
+    blocks: each shared by blocks of the whole GPU, those with the most blocks an SM first (each
+    SM then holds blocks of several rows, so that one row's blocks read while another's wait at
+    its barrier or write), then the fewest blocks a row."""
     if -(-loop // WIDE_CLUSTER) <= KEPT_ROW:
         return []
     sms = GpuPeaks().sms
+    options = []
+    for blocks in GRID_BLOCKS:
+        share = -(-loop // blocks)
+        if blocks > sms or share > KEPT_ROW:
+            continue
+        alone = _alone(share)
+        warps, columns = (MAX_WARPS, ALONE_PASS) if alone else (16, SHARED_SM_PASS)
+        kept = 4 * -(-share // columns) * columns
+        per_sm = max(1, min(SM_SHARED_BYTES // (kept + BLOCK_SHARED_EXTRA),
+                            SM_THREADS // (32 * warps)))
+        options.append(Schedule(1, columns, warps, resident_per_sm=per_sm, keep_row=True,
+                                grid_blocks=blocks))
     found = []
-    for blocks in [b for b in GRID_BLOCKS if b <= sms and -(-loop // b) <= KEPT_ROW][:2]:
-        alone = _alone(-(-loop // blocks))
-        found.append((Schedule(1, ALONE_PASS if alone else 4096, MAX_WARPS if alone else 16,
-                               resident_per_sm=1, keep_row=True, grid_blocks=blocks),
-                      f"rows of {loop} values, too long for a cluster's shared memory: each "
-                      f"shared by {blocks} blocks of the GPU ({sms // blocks} rows at a time), "
-                      "each keeping its share in shared memory, their partial results meeting "
-                      "in global memory"))
+    for schedule in sorted(options, key=lambda s: (-s.resident_per_sm, s.grid_blocks))[:2]:
+        per_sm, blocks = schedule.resident_per_sm, schedule.grid_blocks
+        interleaved = ", one row's blocks reading while another's wait" if per_sm > 1 else ""
+        found.append((schedule, f"rows of {loop} values, too long for a cluster's shared memory: "
+                                f"each shared by {blocks} blocks of the GPU, {per_sm} an SM "
+                                f"({per_sm * sms // blocks} rows at a time{interleaved}), each "
+                                "keeping its share in shared memory, their partial results "
+                                "meeting in global memory"))
     return found
 
 

@@ -69,7 +69,10 @@ def write_cuda_program(program: Program, schedule: Schedule, ops: str) -> str:
         clustered = clustered or bool(writer.cluster)
         gridded = gridded or bool(writer.grid)
         cluster = f" __cluster_dims__(1, {writer.cluster}, 1)" if writer.cluster else ""
-        kernels.append(f"__global__ void __launch_bounds__({writer.threads}){cluster} "
+        # A cooperative launch needs every block resident at once: registers for that many an SM.
+        bounds = (f"{writer.threads}, {launch.schedule.resident_per_sm}" if writer.grid
+                  else str(writer.threads))
+        kernels.append(f"__global__ void __launch_bounds__({bounds}){cluster} "
                        f"{launch.name}(\n    {parameters})\n{{\n" + "\n".join(body) + "\n}\n")
         signatures.append((launch.name, "P" * len(launch.arguments), bool(writer.grid)))
         blocks = launch.grid_rows(writer.rows_per_block)
