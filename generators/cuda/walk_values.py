@@ -62,8 +62,9 @@ class WalkValues(CudaValues):
                 value, coords)
         key = (value.index, coords)
         slot = self.kept.setdefault(key, len(self.kept))
+        first = slot * self.rows_per_block * self.kept_columns  # the slot's place in `kept`
         if along and not self.registers:
-            at = f"&kept[{slot * self.rows_per_block * self.kept_columns} + {self.vector_position}]"
+            at = f"&kept[{first} + {self.vector_position}]"
             if key in self.kept_before:
                 vector = self.before_vector(f"load_vector<{VECTOR_TYPES[self.vector]}>({at})")
             else:
@@ -71,7 +72,7 @@ class WalkValues(CudaValues):
                 self.before.append(f"store_vector({at}, {vector});")
             return self.lane_of(vector)
         at = (f"kept{slot}[{self.position}]" if self.registers else
-              f"kept[{slot * self.rows_per_block * self.kept_columns} + {self.position}]")
+              f"kept[{first} + {self.position}]")
         if key in self.kept_before:
             return self.let(at, "x")
         loaded = (self.lane_of(self.vector_load(value, coords)) if along
