@@ -79,6 +79,9 @@ class CudaKernelWriter(WalkValues):
         self.cluster = schedule.cluster_blocks
         # A row's blocks of the GPU: its barriers so far, each waiting for all of them again.
         self.grid, self.barriers = schedule.grid_blocks, 0
+        # Slots of `fold_space` the folds take: 64 (a value a warp, or an arg fold's pairs),
+        # or 32 a value of the largest batch folded together.
+        self.fold_slots = 64
         # Rows kept: each lane's values of the full-shape inputs, from the first walk that
         # loads them to the last, in shared memory (a slot a lane a column it walks, so that
         # only the lane that wrote a value reads it: no barrier between walks) or in registers
@@ -220,8 +223,7 @@ class CudaKernelWriter(WalkValues):
                 self.accumulate(reduction, slots[reduction.index], shifts.get(reduction.index))
 
         self.columns(group[0].size, list(group[0].loop), body)
-        for reduction in group:
-            self.fold(reduction, slots[reduction.index])
+        self.fold_group(group, slots)
         if self.cluster:
             self.exchange(group, slots)
         elif self.grid:
@@ -252,6 +254,29 @@ class CudaKernelWriter(WalkValues):
                 value = f"(long long)({value})"
             self.line(f"    {total} = {FUNCTOR[kind]}()({total}, {value});")
         self.line("}")
+
+    def fold_group(self, group: list[Reduction], totals: dict[int, dict[str, str]]) -> None:
+        """The group's accumulators folded into the rows' totals: those of one type and fold
+        together, through one trip of shared memory (`fold_row_all`)."""
+        batches: dict[tuple[str, str], list[str]] = {}
+        for reduction in group:
+            if reduction.node.kind in ("argmax", "argmin") or self.rows_apart:
+                self.fold(reduction, totals[reduction.index])
+                continue
+            for each in slots(reduction):
+                batch = (FUNCTOR[reduction.node.kind], _c_type(each))
+                batches.setdefault(batch, []).append(totals[reduction.index][each.name])
+        for (functor, c_type), values in batches.items():
+            if len(values) == 1:
+                self.line(f"{values[0]} = fold_row<LANES>({values[0]}, {functor}(), "
+                          "fold_space);")
+                continue
+            together = self.name("fold")
+            self.fold_slots = max(self.fold_slots, 32 * len(values))
+            self.line(f"{c_type} {together}[{len(values)}] = {{{', '.join(values)}}};")
+            self.line(f"fold_row_all<LANES>({together}, {functor}(), fold_space);")
+            for k, value in enumerate(values):
+                self.line(f"{value} = {together}[{k}];")
 
     def fold(self, reduction: Reduction, slot: dict[str, str]) -> None:
         """The lanes' accumulators folded into the row's totals, held by every lane."""
@@ -384,6 +409,9 @@ class CudaKernelWriter(WalkValues):
             self.depth -= 1
             self.line("}")
         indent = self.lines[declare_at - 1][:-len(self.lines[declare_at - 1].lstrip())]
+        if self.fold_slots > 64:
+            self.lines = [line.replace("fold_space[64];", f"fold_space[{self.fold_slots}];")
+                          for line in self.lines]
         self.lines[declare_at:declare_at] = [
             f"{indent}float kept{slot}[{self.passes * self.steps * self.vector}];"
             for slot in (self.kept.values() if self.registers else ())]

@@ -63,6 +63,37 @@ __device__ __forceinline__ T fold_row(T value, F combine, long long* shared) {
     return value;
 }
 
+// Values of one type and fold (a norm's sum, shifted sum and squares) folded over the LANES
+// lanes of a row at once, each as `fold_row` folds it: one trip through `shared` for them all,
+// two barriers rather than two a value. `shared` holds 32 slots (a warp's each) a value.
+template <int LANES, int N, class T, class F>
+__device__ __forceinline__ void fold_row_all(T (&values)[N], F combine, long long* shared) {
+    constexpr int WIDTH = LANES < 32 ? LANES : 32;
+    for (int hop = 1; hop < WIDTH; hop <<= 1) {
+#pragma unroll
+        for (int k = 0; k < N; ++k) {
+            values[k] = combine(values[k], __shfl_xor_sync(0xffffffffu, values[k], hop, WIDTH));
+        }
+    }
+    if (LANES > 32) {
+        T* slots = reinterpret_cast<T*>(shared);
+        const int first = (threadIdx.x / LANES) * (LANES / 32);
+        if (threadIdx.x % 32 == 0) {
+#pragma unroll
+            for (int k = 0; k < N; ++k) { slots[k * 32 + threadIdx.x / 32] = values[k]; }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < N; ++k) {
+            const T* warps = slots + k * 32 + first;
+            T value = warps[0];
+            for (int w = 1; w < LANES / 32; ++w) { value = combine(value, warps[w]); }
+            values[k] = value;
+        }
+        __syncthreads();
+    }
+}
+
 // The better of two (value, index) pairs: NaN first, then the larger (smaller), then the
 // earlier index, as torch.argmax (argmin) picks.
 __device__ __forceinline__ void arg_pick(float& best, long long& at, float value, long long index,
