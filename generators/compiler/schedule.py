@@ -21,7 +21,10 @@ walk to the last, which then read no memory at all. Rows too long for a cluster'
 (a group norm's 8 MB groups) are shared by `grid_blocks` blocks anywhere on the GPU (CUDA): each
 block writes its partial results to global memory and waits at a barrier of the row's blocks
 before reading theirs, in one cooperative launch (every block resident at once, so that none
-waits on one that never starts), the blocks striding over the rows a few at a time.
+waits on one that never starts), the blocks striding over the rows a few at a time, as many an
+SM as fit so that one row's blocks read while another's wait. With `vector` (CUDA), a lane takes
+that many consecutive columns a step in a row's walks, each fp32 input and output lying along
+them read and written as one 8- or 16-byte access.
 """
 
 from __future__ import annotations
@@ -87,7 +90,9 @@ class Schedule:
         (one, when no dimension is a row one), no more splits than blocks of a loop. A cluster
         shares the loops of a reduction kernel's rows (not a scan's, whose total crosses the
         row), in place of splits and of striding blocks; so do a row's blocks of the GPU, a row
-        a block, one block an SM or more, striding over the rows."""
+        a block, one block an SM or more, striding over the rows. Vectors of columns only where
+        they fit the kernel (`vectors_fit`), so that settings it cannot take write the same
+        kernel as without them."""
         rows = min(self.block_rows, _pow2(kernel.row_count))
         loop = kernel.longest_loop
         vector = self.vector if self.vector > 1 and vectors_fit(kernel, self.vector) else 1
