@@ -161,6 +161,10 @@ VECTOR_CASES = [
          "torch.randn(2, 8, 3, 8), torch.randn(8), torch.randn(8)"),
     Case("x", "torch.softmax(x, dim=-1)", "torch.randn(6, 40)"),
     Case("x", "torch.log_softmax(x, dim=-1)", "torch.randn(6, 40, dtype=torch.float16)"),
+    # Reductions alone (their loops walked in vectors, no column walk): ties, so that the
+    # first of a vector's columns must win, and a boolean mask read a column at a time.
+    Case("x", "torch.argmax(x, dim=-1)", "torch.randint(0, 4, (6, 40)).float()"),
+    Case("x, m", "torch.where(m, x, 0.0).sum(-1)", "torch.randn(9, 32), torch.rand(9, 32) > 0.3"),
 ]
 ALL_CASES = (REDUCTION_CASES + FUSED_CASES + ARG_CASES + SCAN_CASES + NORM_CASES + LOSS_CASES
              + ELEMENTWISE_CASES + WINDOW_CASES)

@@ -141,3 +141,15 @@ def test_the_cuda_drafts_walk_vectors_of_four_and_the_search_narrows_them(tmp_pa
     assert all("4 columns a thread at a time, loaded as one vector" in why for _, why in drafts)
     narrower = [step for step in neighbours(drafts[0][0]) if step.knob == "vector"]
     assert [step.settings.vector for step in narrower] == [2]
+
+
+def test_a_reductions_own_loop_walks_vectors_where_its_input_lies_along_it(tmp_path):
+    # A sum over the last dimension: no column walk, the reduction's loop takes the vectors;
+    # the boolean mask beside it is read a column at a time.
+    source = write_cuda_compiled(_graph(tmp_path, "torch.where(m, x, 0.0).sum(-1)",
+                                        "torch.randn(9, 32), torch.rand(9, 32) > 0.3", "x, m"),
+                                 Schedule(2, 16, 4, vector=4))
+    kernel = source.split("__global__")[1]
+    assert len(re.findall(r"load_vector<float4>\(&in0\[", kernel)) == 1
+    assert "load_vector" not in kernel.replace("load_vector<float4>(&in0[", "")
+    assert "assert in0.data_ptr() % 16 == 0" in source and "in1.data_ptr()" not in source

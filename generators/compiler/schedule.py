@@ -127,12 +127,15 @@ class Schedule:
 
 
 def vectors_fit(kernel: Kernel, width: int) -> bool:
-    """Whether a reduction kernel's row walks can take `width` columns a thread at a time: rows
-    apart in memory (side by side, a warp's loads are one run already), no scan, and the
-    innermost column dimension a multiple of `width`, so that no vector spans two of its runs."""
-    return bool(kernel.reductions and kernel.columns and kernel.scan_dim is None
-                and not kernel.rows_contiguous()
-                and kernel.domain[kernel.columns[-1]] % width == 0)
+    """Whether a reduction kernel's walks can take `width` columns a thread at a time: rows
+    apart in memory (side by side, a warp's loads are one run already), no scan, and some walk
+    (over the row's columns, or a reduction's loop) whose innermost dimension is a multiple of
+    `width`, so that no vector spans two of its runs."""
+    innermost = [kernel.sizes[r.loop[-1]] for r in kernel.reductions if r.loop]
+    if kernel.columns:
+        innermost.append(kernel.domain[kernel.columns[-1]])
+    return bool(kernel.reductions and kernel.scan_dim is None and not kernel.rows_contiguous()
+                and any(size % width == 0 for size in innermost))
 
 
 def _pow2(n: int) -> int:

@@ -88,8 +88,11 @@ class CudaKernelWriter(WalkValues):
         # (an array a lane, its walks unrolled whole so that every index is a constant).
         self.keep = schedule.keep_row
         self.registers = self.keep and schedule.held == "registers"
-        share = self.share(kernel.column_count, self.vector)
-        passes = self.steps * self.lanes * self.vector
+        # Kept walks are those over a row's columns: vectors there if their innermost dimension
+        # takes them.
+        self.kept_width = self.walk_width([kernel.symbols[d] for d in kernel.columns])
+        share = self.share(kernel.column_count, self.kept_width)
+        passes = self.steps * self.lanes * self.kept_width
         self.kept_columns = -(-share // passes) * passes  # a row's share, in whole passes
         self.passes = self.kept_columns // passes  # of a kept walk
 
@@ -109,6 +112,12 @@ class CudaKernelWriter(WalkValues):
                    for j, slot in enumerate(self.workspaces)]
                 + (["int* __restrict__ arrivals"] if self.grid and self.workspaces else []))
 
+    def walk_width(self, symbols: list[str]) -> int:
+        """Columns a lane takes a step in a walk over `symbols`: the schedule's vector where the
+        innermost one's extent is a multiple of it, else one."""
+        fits = bool(symbols) and self.sizes[symbols[-1]] % self.vector == 0
+        return self.vector if fits else 1
+
     def share(self, size: int, width: int) -> int:
         """A block's share of a row's `size` columns: whole vectors of `width`."""
         each = -(-size // self.splits)
@@ -118,10 +127,10 @@ class CudaKernelWriter(WalkValues):
         """`body()` for this block's share of `size` columns, the lanes of a row side by side,
         `self.steps` vectors a lane each pass (unrolled, so that their loads are in flight
         together); every lane runs every step (a lane past the end works on the last vector and
-        `inside` says so), so that shuffles in the body see them all. A row's walks take
-        `self.vector` consecutive columns a lane a step, the others one."""
+        `inside` says so), so that shuffles in the body see them all. A lane takes
+        `walk_width(symbols)` consecutive columns a step."""
         kept_walk = tuple(symbols) == tuple(self.kernel.symbols[d] for d in self.kernel.columns)
-        width = self.vector if kept_walk else 1
+        width = self.walk_width(symbols)
         share = self.share(size, width)
         if not self.kernel.reductions:  # whole passes: no pass of a share left nearly empty
             share = -(-share // (self.steps * self.lanes)) * self.steps * self.lanes
@@ -157,6 +166,7 @@ class CudaKernelWriter(WalkValues):
             # The vector's columns, in a loop unrolled whole; its loads before it, its stores
             # after it, at its first column's counters.
             self.vector_bound, self.before, self.after_vector = dict(self.bound), [], []
+            self.walk_symbols = list(symbols)
             before_at, self.vector_lane = len(self.lines), self.name("v")
             self.line("#pragma unroll")
             self.line(f"for (int {self.vector_lane} = 0; {self.vector_lane} < {width}; "
@@ -413,7 +423,7 @@ class CudaKernelWriter(WalkValues):
             self.lines = [line.replace("fold_space[64];", f"fold_space[{self.fold_slots}];")
                           for line in self.lines]
         self.lines[declare_at:declare_at] = [
-            f"{indent}float kept{slot}[{self.passes * self.steps * self.vector}];"
+            f"{indent}float kept{slot}[{self.passes * self.steps * self.kept_width}];"
             for slot in (self.kept.values() if self.registers else ())]
         return without_unused(self.lines)
 

@@ -26,6 +26,7 @@ class WalkValues(CudaValues):
     kept share, `rows_per_block`, and whether the share is kept in `registers`."""
 
     vector: int
+    kept_width: int  # the vector of the kept walks (those over a row's columns)
     steps: int
     passes: int
     kept_columns: int
@@ -45,6 +46,7 @@ class WalkValues(CudaValues):
         self.before: list[str] | None = None
         self.after_vector: list[str] = []
         self.vector_bound: dict[str, str] = {}
+        self.walk_symbols: list[str] = []  # the counters the walk of vectors walks
         self.vector_lane = ""
         self.vector_position = ""
         self.vector_inputs: set[int] = set()
@@ -86,8 +88,8 @@ class WalkValues(CudaValues):
         before the vector's loop."""
         if self.before is None or dtype != torch.float32:
             return False
-        last = self.kernel.symbols[self.kernel.columns[-1]]
-        walked = self.row_symbols | {self.kernel.symbols[d] for d in self.kernel.columns}
+        last = self.walk_symbols[-1]
+        walked = self.row_symbols | set(self.walk_symbols)
         return (last in offset.symbols() and offset.symbols() <= walked
                 and unit_stride(offset, last, self.vector, Ranges(self.sizes)))
 
@@ -116,7 +118,7 @@ class WalkValues(CudaValues):
     @property
     def kept_registers(self) -> int:
         """The values a thread keeps in registers."""
-        return len(self.kept) * self.passes * self.steps * self.vector if self.registers else 0
+        return len(self.kept) * self.passes * self.steps * self.kept_width if self.registers else 0
 
     def store(self, index: int, guard: str, offset: Expr | str) -> None:
         """Output `index`'s value at `offset`; in a walk of vectors, where the output lies
