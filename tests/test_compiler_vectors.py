@@ -17,6 +17,7 @@ from generators.cuda.expressions import HELPERS
 from generators.cuda.folds import FOLDS, VECTORS
 from generators.cuda.program import write_cuda_compiled
 from generators.mutations import neighbours
+from generators.rules import RulesGenerator
 from generators.site_graph import Unsupported, load_site_graph
 from generators.triton.program import write_compiled
 from tests.cuda_on_cpu import KernelFault, kernels_on_cpu
@@ -153,3 +154,15 @@ def test_a_reductions_own_loop_walks_vectors_where_its_input_lies_along_it(tmp_p
     assert len(re.findall(r"load_vector<float4>\(&in0\[", kernel)) == 1
     assert "load_vector" not in kernel.replace("load_vector<float4>(&in0[", "")
     assert "assert in0.data_ptr() % 16 == 0" in source and "in1.data_ptr()" not in source
+
+
+def test_the_cuda_tier_drafts_a_reduction_in_vectors_and_triton_a_column_at_a_time(tmp_path):
+    problem = one_input_problem(tmp_path, "torch.sum(x, dim=-1)", "torch.randn(64, 4096)")
+    generator = RulesGenerator()
+    cuda = [c for c in generator.propose(problem, None, n=20, tiers=("cuda",)).children
+            if c.settings["writer"] == "write_cuda_compiled"]
+    triton = [c for c in generator.propose(problem, None, n=20).children
+              if c.settings["writer"] == "write_compiled"]
+    assert cuda and all(c.settings["vector"] == 4 for c in cuda)
+    assert all("loaded as one vector" in c.rationale for c in cuda)
+    assert triton and all(c.settings["vector"] == 1 for c in triton)
