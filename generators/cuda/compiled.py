@@ -16,8 +16,6 @@ the Triton backend.
 
 from __future__ import annotations
 
-import re
-from collections import Counter
 from collections.abc import Callable
 
 import torch
@@ -32,7 +30,7 @@ from generators.compiler.launches import (
 )
 from generators.compiler.plan import Kernel, Reduction
 from generators.compiler.schedule import Schedule
-from generators.cuda.values import element_type
+from generators.cuda.values import element_type, without_unused
 from generators.cuda.walk_values import WalkValues
 
 NEUTRAL = {"sum": "0.0f", "mean": "0.0f", "prod": "1.0f", "amax": "-INFINITY",
@@ -438,20 +436,3 @@ class CudaKernelWriter(WalkValues):
         for i in kernel.per_row:
             guard = "row_ok && lane == 0" + (" && blockIdx.y == 0" if self.splits > 1 else "")
             self.store(i, guard, "row")
-
-# A `const` value, or a `__shared__` array, declared alone on its line.
-_DECLARATION = re.compile(r"^\s*(?:const|__shared__) [\w ]+? (\w+)(?: = [^;]*|\[[^\];]*\]);$")
-_NAME = re.compile(r"\b[A-Za-z_]\w*\b")
-
-
-def without_unused(lines: list[str]) -> list[str]:
-    """`lines` less the `const` values and `__shared__` arrays nothing reads (a coordinate no
-    load or store of this kernel takes, say), dropped until none is left: nvcc warns of each,
-    and a reader looks for its use."""
-    while True:
-        uses = Counter(name for line in lines for name in _NAME.findall(line.split("//")[0]))
-        kept = [line for line in lines
-                if not ((found := _DECLARATION.match(line)) and uses[found.group(1)] == 1)]
-        if len(kept) == len(lines):
-            return lines
-        lines = kept

@@ -4,10 +4,14 @@ column at a time.
 Every float value is a `float` register (integers `long long`, booleans 0.0 or 1.0), as the op
 table writes it (`generators.cuda.expressions`). Rows past the end read a clamped row, so that
 every thread of a block takes part in the block's folds; only stores are guarded. Strides are the
-site's, written into the source.
+site's, written into the source. A kernel's lines go out without the declarations nothing reads
+(`without_unused`).
 """
 
 from __future__ import annotations
+
+import re
+from collections import Counter
 
 import torch
 
@@ -79,3 +83,21 @@ class CudaValues(ValueEmitter):
         scanned = self.let(f"{running} + {carry}")
         self.after.append(f"{carry} += __shfl_sync(0xffffffffu, {running}, LANES - 1, LANES);")
         return scanned
+
+
+# A `const` value, or a `__shared__` array, declared alone on its line.
+_DECLARATION = re.compile(r"^\s*(?:const|__shared__) [\w ]+? (\w+)(?: = [^;]*|\[[^\];]*\]);$")
+_NAME = re.compile(r"\b[A-Za-z_]\w*\b")
+
+
+def without_unused(lines: list[str]) -> list[str]:
+    """`lines` less the `const` values and `__shared__` arrays nothing reads (a coordinate no
+    load or store of this kernel takes, say), dropped until none is left: nvcc warns of each,
+    and a reader looks for its use."""
+    while True:
+        uses = Counter(name for line in lines for name in _NAME.findall(line.split("//")[0]))
+        kept = [line for line in lines
+                if not ((found := _DECLARATION.match(line)) and uses[found.group(1)] == 1)]
+        if len(kept) == len(lines):
+            return lines
+        lines = kept
