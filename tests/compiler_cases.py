@@ -97,6 +97,9 @@ FUSED_CASES = [Case("x", body, f"torch.randn(4, 11, 13, dtype={dtype})")
                             "torch.logsumexp(x, dim=2)",
                             "F.layer_norm(x, x.shape[1:])"]
                for dtype in DTYPES.values()]
+# A masked softmax: its max and sum in one walk (an online sum) over rows holding -inf.
+FUSED_CASES.append(Case("x, m", "torch.softmax(x.masked_fill(m, float('-inf')), dim=-1)",
+                        "torch.randn(6, 40), torch.rand(6, 40) > 0.5"))
 # Few distinct values, so that ties are common and the first one must win.
 ARG_CASES = [Case("x", f"torch.{kind}(x, dim={dim})", "torch.randint(0, 4, (6, 9, 5)).float()")
              for kind in ("argmax", "argmin") for dim in (0, 1, 2)]

@@ -78,12 +78,18 @@ def test_a_row_shared_over_the_gpu_is_one_cooperative_launch(tmp_path):
     assert "shared_mem=196608" in source
 
 
-def test_each_level_of_a_softmax_waits_for_every_block_again(tmp_path):
-    graph = load_site_graph(_problem(tmp_path, *SOFTMAX))
+def test_each_level_waits_for_every_block_again(tmp_path):
+    # logsumexp's sum reads its (guarded) max: two levels, two barriers a row.
+    graph = load_site_graph(_problem(tmp_path, "torch.logsumexp(x, dim=-1)", SOFTMAX[1]))
     source = write_cuda_compiled(graph, Schedule(1, 4096, 32, keep_row=True, grid_blocks=44))
     # One counter a row over the launch: the second barrier waits for twice the blocks.
     assert "row_barrier(&arrivals[row], 44);" in source
     assert "row_barrier(&arrivals[row], 88);" in source
+    # A softmax's max and sum meet at one barrier (an online sum).
+    (tmp_path / "softmax").mkdir()
+    graph = load_site_graph(_problem(tmp_path / "softmax", *SOFTMAX))
+    source = write_cuda_compiled(graph, Schedule(1, 4096, 32, keep_row=True, grid_blocks=44))
+    assert source.count("row_barrier(&arrivals[row], ") == 1
 
 
 def test_only_a_reductions_rows_are_shared_over_the_gpu(tmp_path):

@@ -24,12 +24,14 @@ class Slot:
     """One accumulator of a reduction, and its workspace when the loops are split."""
 
     reduction: int
-    name: str  # "total", "shifted", "squares", "best", "at"
+    name: str  # "total", "shifted", "squares", "best", "at", "peak"
     dtype: torch.dtype
 
 
 def slots(reduction: Reduction) -> list[Slot]:
     kind, i = reduction.node.kind, reduction.index
+    if reduction.online_of is not None:  # the max so far, and the sum of exp(x - it)
+        return [Slot(i, "peak", torch.float32), Slot(i, "total", torch.float32)]
     if kind == "var":
         return [Slot(i, "shifted", torch.float32), Slot(i, "squares", torch.float32)]
     if kind in ("argmax", "argmin"):

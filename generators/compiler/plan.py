@@ -49,6 +49,9 @@ class Reduction:
     index: int
     needs: set[tuple[int, Coords]] = field(default_factory=set)  # reductions its source reads
     level: int = 0  # 0 for one that reads no other reduction, else 1 + theirs
+    # A sum of exp(x - max(x)) (a softmax's) computed in its max's walk, the sum rescaled as the
+    # max grows, so that the row is walked once for both: that max's reduction; else None.
+    online_of: Reduction | None = None
 
     @property
     def size(self) -> int:
@@ -246,7 +249,31 @@ def _try(graph: Graph, domain: tuple[int, ...]) -> Kernel | str:
             return "a reduction inside another reduction's loop"
     kernel.reductions = sorted(survey.reductions.values(), key=lambda r: r.index)
     kernel.ranges, kernel.sizes, kernel.loads = survey.ranges, survey.sizes, survey.loads
+    if kernel.scan_dim is None and not kernel.rows_contiguous():
+        _online_sums(kernel)
     return kernel
+
+
+def _online_sums(kernel: Kernel) -> None:
+    """Sums of exp(x - max(x)) over their max's loop (softmax, log-softmax) that no other
+    reduction reads: each computed in its max's walk, a level earlier (`Reduction.online_of`)."""
+    needed = set().union(*(r.needs for r in kernel.reductions))
+    by_key = {(id(r.node), r.coords): r for r in kernel.reductions}
+    for reduction in kernel.reductions:
+        exp = reduction.node.source
+        if (reduction.node.kind != "sum" or (id(reduction.node), reduction.coords) in needed
+                or not (isinstance(exp, Elementwise) and exp.op == "exp" and not exp.kwargs
+                        and len(exp.args) == 1)):
+            continue
+        sub = exp.args[0]
+        if not (isinstance(sub, Elementwise) and sub.op == "sub" and not sub.kwargs
+                and len(sub.args) == 2 and isinstance(sub.args[1], Reduce)):
+            continue
+        peak = [by_key[k] for k in reduction.needs if k[0] == id(sub.args[1])]
+        if (len(reduction.needs) == 1 and len(peak) == 1 and peak[0].node.kind == "amax"
+                and peak[0].node.source is sub.args[0] and peak[0].loop == reduction.loop
+                and sub.args[0].shape == exp.shape):
+            reduction.online_of, reduction.level = peak[0], peak[0].level
 
 
 def candidate_domains(graph: Graph) -> list[tuple[int, ...]]:

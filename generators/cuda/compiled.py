@@ -22,7 +22,6 @@ import torch
 
 from generators.compiler.index import Expr, substitute
 from generators.compiler.launches import (
-    Slot,
     levels_of,
     slots,
     split_launches,
@@ -30,8 +29,8 @@ from generators.compiler.launches import (
 )
 from generators.compiler.plan import Kernel, Reduction
 from generators.compiler.schedule import Schedule
+from generators.cuda.row_folds import FUNCTOR, RowFolds, c_type
 from generators.cuda.values import element_type, without_unused
-from generators.cuda.walk_values import WalkValues
 
 NEUTRAL = {"sum": "0.0f", "mean": "0.0f", "prod": "1.0f", "amax": "-INFINITY",
            "amin": "INFINITY", "argmax": "-INFINITY", "argmin": "INFINITY"}
@@ -40,15 +39,7 @@ MAX_STEPS = 8
 # in flight a thread to cover DRAM's latency: a group norm's rows shared by 44 blocks ran fastest
 # at 16 steps of the 4, 8 and 16 tried (bench/NOTES.md, 2026-12-06, 12:51-14:22 UTC).
 MAX_KEPT_STEPS = 16
-FUNCTOR = {"sum": "Add", "mean": "Add", "var": "Add", "prod": "Times", "amax": "NanMax",
-           "amin": "NanMin"}
-
-
-def _c_type(slot: Slot) -> str:
-    return "long long" if slot.dtype == torch.int64 else "float"
-
-
-class CudaKernelWriter(WalkValues):
+class CudaKernelWriter(RowFolds):
     """One launch of a planned kernel (phases as in the Triton backend)."""
 
     def __init__(self, kernel: Kernel, schedule: Schedule, phase: int) -> None:
@@ -106,7 +97,7 @@ class CudaKernelWriter(WalkValues):
                  for v in kernel.graph.inputs]
                 + [f"{element_type(o.dtype)}* __restrict__ out{i}"
                    for i, o in enumerate(kernel.graph.outputs)]
-                + [f"{_c_type(slot)}* __restrict__ ws{j}"
+                + [f"{c_type(slot)}* __restrict__ ws{j}"
                    for j, slot in enumerate(self.workspaces)]
                 + (["int* __restrict__ arrivals"] if self.grid and self.workspaces else []))
 
@@ -204,8 +195,8 @@ class CudaKernelWriter(WalkValues):
         for each in slots(reduction):
             target = self.name("acc")
             start = ("0" if each.name in ("at", "shifted", "squares")
-                     else NEUTRAL[reduction.node.kind])
-            self.line(f"{_c_type(each)} {target} = {start};")
+                     else NEUTRAL["amax" if each.name == "peak" else reduction.node.kind])
+            self.line(f"{c_type(each)} {target} = {start};")
             slot[each.name] = target
         return slot
 
@@ -248,9 +239,13 @@ class CudaKernelWriter(WalkValues):
 
     def accumulate(self, reduction: Reduction, slot: dict[str, str], shift: str | None) -> None:
         kind = reduction.node.kind
-        value = self.value(reduction.node.source, tuple(reduction.source_coords()))
+        # An online sum reads its max's source: the max's result is not known yet.
+        source = (reduction.online_of or reduction).node.source
+        value = self.value(source, tuple(reduction.source_coords()))
         self.line(f"if ({self.masks['both']}) {{")
-        if kind in ("argmax", "argmin"):
+        if reduction.online_of is not None:
+            self.line(f"    online_pick({slot['peak']}, {slot['total']}, {value}, 1.0f);")
+        elif kind in ("argmax", "argmin"):
             self.line(f"    arg_pick({slot['best']}, {slot['at']}, {value}, "
                       f"{self.bound[reduction.loop[0]]}, {str(kind == 'argmax').lower()});")
         elif kind == "var":
@@ -263,43 +258,11 @@ class CudaKernelWriter(WalkValues):
             self.line(f"    {total} = {FUNCTOR[kind]}()({total}, {value});")
         self.line("}")
 
-    def fold_group(self, group: list[Reduction], totals: dict[int, dict[str, str]]) -> None:
-        """The group's accumulators folded into the rows' totals: those of one type and fold
-        together, through one trip of shared memory (`fold_row_all`)."""
-        batches: dict[tuple[str, str], list[str]] = {}
-        for reduction in group:
-            if reduction.node.kind in ("argmax", "argmin") or self.rows_apart:
-                self.fold(reduction, totals[reduction.index])
-                continue
-            for each in slots(reduction):
-                batch = (FUNCTOR[reduction.node.kind], _c_type(each))
-                batches.setdefault(batch, []).append(totals[reduction.index][each.name])
-        for (functor, c_type), values in batches.items():
-            if len(values) == 1:
-                self.line(f"{values[0]} = fold_row<LANES>({values[0]}, {functor}(), "
-                          "fold_space);")
-                continue
-            together = self.name("fold")
-            self.fold_slots = max(self.fold_slots, 32 * len(values))
-            self.line(f"{c_type} {together}[{len(values)}] = {{{', '.join(values)}}};")
-            self.line(f"fold_row_all<LANES>({together}, {functor}(), fold_space);")
-            for k, value in enumerate(values):
-                self.line(f"{value} = {together}[{k}];")
-
-    def fold(self, reduction: Reduction, slot: dict[str, str]) -> None:
-        """The lanes' accumulators folded into the row's totals, held by every lane."""
-        kind = reduction.node.kind
-        apart = "_rows_apart<LANES, ROWS>" if self.rows_apart else "_row<LANES>"
-        if kind in ("argmax", "argmin"):
-            self.line(f"arg_fold{apart}({slot['best']}, {slot['at']}, "
-                      f"{str(kind == 'argmax').lower()}, fold_space);")
-            return
-        for total in slot.values():
-            self.line(f"{total} = fold{apart}({total}, {FUNCTOR[kind]}(), fold_space);")
-
     def finish(self, reduction: Reduction, slot: dict[str, str]) -> None:
         node, n = reduction.node, reduction.size
-        if node.kind in ("argmax", "argmin"):
+        if reduction.online_of is not None:
+            result = slot["total"]
+        elif node.kind in ("argmax", "argmin"):
             result = slot["at"]
         elif node.kind == "var":
             s, q = slot["shifted"], slot["squares"]
@@ -321,7 +284,7 @@ class CudaKernelWriter(WalkValues):
             for each in slots(reduction):
                 inbox = self.name("inbox")
                 inboxes[(reduction.index, each.name)] = inbox
-                self.line(f"__shared__ {_c_type(each)} {inbox}[{self.rows_per_block} * CLUSTER];")
+                self.line(f"__shared__ {c_type(each)} {inbox}[{self.rows_per_block} * CLUSTER];")
                 self.line(f"if (lane == 0) {{ send_to_cluster<CLUSTER>(&{inbox}[({row}) * "
                           f"CLUSTER + blockIdx.y], {totals[reduction.index][each.name]}); }}")
         self.line("cluster_barrier();")
@@ -336,18 +299,6 @@ class CudaKernelWriter(WalkValues):
             self.line("for (int rank = 1; rank < CLUSTER; ++rank) {")
             self.fold_in(reduction, slot, lambda name, sent=sent: sent(name, "rank"))
             self.line("}")
-
-    def fold_in(self, reduction: Reduction, slot: dict[str, str],
-                partial: Callable[[str], str]) -> None:
-        """A loop body's lines folding into the accumulators `slot` the partial results
-        `partial(name)` reads, as the accumulators were folded."""
-        kind = reduction.node.kind
-        if kind in ("argmax", "argmin"):
-            self.line(f"    arg_pick({slot['best']}, {slot['at']}, {partial('best')}, "
-                      f"{partial('at')}, {str(kind == 'argmax').lower()});")
-            return
-        for name, total in slot.items():
-            self.line(f"    {total} = {FUNCTOR[kind]}()({total}, {partial(name)});")
 
     def store_partials(self, reduction: Reduction, slot: dict[str, str]) -> None:
         for each in slots(reduction):

@@ -94,6 +94,47 @@ __device__ __forceinline__ void fold_row_all(T (&values)[N], F combine, long lon
     }
 }
 
+// An online max-and-sum (a softmax's max and its sum of exp(x - max), in one walk): the pair
+// (max so far, sum so far) folded with another, both sums rescaled to the larger max. A sum at
+// the max already is taken as it is, so that maxima of -inf (masked rows) never meet
+// exp(-inf + inf); a NaN max makes the sum NaN, as the two-walk sum would be.
+__device__ __forceinline__ float rescaled(float sum, float from, float to) {
+    return from == to ? sum : sum * __expf(from - to);
+}
+
+__device__ __forceinline__ void online_pick(float& peak, float& total, float other_peak,
+                                            float other_total) {
+    const float top = nan_max(peak, other_peak);
+    total = rescaled(total, peak, top) + rescaled(other_total, other_peak, top);
+    peak = top;
+}
+
+template <int LANES>
+__device__ __forceinline__ void online_fold_row(float& peak, float& total, long long* shared) {
+    constexpr int WIDTH = LANES < 32 ? LANES : 32;
+    for (int hop = 1; hop < WIDTH; hop <<= 1) {
+        const float other_peak = __shfl_xor_sync(0xffffffffu, peak, hop, WIDTH);
+        const float other_total = __shfl_xor_sync(0xffffffffu, total, hop, WIDTH);
+        online_pick(peak, total, other_peak, other_total);
+    }
+    if (LANES > 32) {
+        float* peaks = reinterpret_cast<float*>(shared);
+        float* totals = peaks + 32;
+        const int first = (threadIdx.x / LANES) * (LANES / 32);
+        if (threadIdx.x % 32 == 0) {
+            peaks[threadIdx.x / 32] = peak;
+            totals[threadIdx.x / 32] = total;
+        }
+        __syncthreads();
+        peak = peaks[first];
+        total = totals[first];
+        for (int w = 1; w < LANES / 32; ++w) {
+            online_pick(peak, total, peaks[first + w], totals[first + w]);
+        }
+        __syncthreads();
+    }
+}
+
 // The better of two (value, index) pairs: NaN first, then the larger (smaller), then the
 // earlier index, as torch.argmax (argmin) picks.
 __device__ __forceinline__ void arg_pick(float& best, long long& at, float value, long long index,

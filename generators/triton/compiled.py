@@ -31,6 +31,18 @@ NEUTRAL = {"sum": "0.0", "mean": "0.0", "prod": "1.0", "amax": "float('-inf')",
 _EXTREME = {"amax": ("tl.maximum", "tl.max"), "amin": ("tl.minimum", "tl.min")}
 
 
+def _neutral(reduction: Reduction, slot: Slot) -> str:
+    """What an accumulator starts from."""
+    if slot.name in ("at", "shifted", "squares"):
+        return "0"
+    return NEUTRAL["amax" if slot.name == "peak" else reduction.node.kind]
+
+
+def _rescale(peak: str, top: str) -> str:
+    """exp(peak - top), one where they are equal (an online sum's scale to a new max)."""
+    return f"tl.where({peak} == {top}, 1.0, tl.exp({peak} - {top}))"
+
+
 class KernelWriter(ValueWriter):
     """One launch: with split loops, `phase` L below the levels computes level L's partial
     results and the last phase the outputs; unsplit, the only phase does everything."""
@@ -92,14 +104,15 @@ class KernelWriter(ValueWriter):
                 first = tuple(substitute(c, zero) for c in reduction.source_coords())
                 shifts[reduction.index] = self.value(reduction.node.source, first)
             for slot in slots(reduction):
-                neutral = "0" if slot.name in ("at", "shifted", "squares") else NEUTRAL[
-                    reduction.node.kind]
-                accumulators[slot] = self.let(f"tl.full([BLOCK_ROWS, BLOCK_COLUMNS], {neutral}, "
+                accumulators[slot] = self.let(f"tl.full([BLOCK_ROWS, BLOCK_COLUMNS], "
+                                              f"{_neutral(reduction, slot)}, "
                                               f"{tl_dtype(slot.dtype)})", "acc")
 
         def body() -> None:
             for reduction in group:
-                value = self.value(reduction.node.source, tuple(reduction.source_coords()))
+                # An online sum reads its max's source: the max's result is not known yet.
+                source = (reduction.online_of or reduction).node.source
+                value = self.value(source, tuple(reduction.source_coords()))
                 self.accumulate(reduction, value, accumulators, shifts.get(reduction.index))
 
         self.columns(group[0].size, list(group[0].loop), body)
@@ -114,7 +127,16 @@ class KernelWriter(ValueWriter):
                    shift: str | None) -> None:
         kind, mask = reduction.node.kind, self.masks["both"]
         slot = {s.name: acc[s] for s in slots(reduction)}
-        if kind in ("argmax", "argmin"):
+        if reduction.online_of is not None:
+            # The max so far and the sum of exp(x - it), rescaled as the max grows; a value
+            # at the max counts one, so that maxima of -inf never meet exp(-inf + inf).
+            peak, total = slot["peak"], slot["total"]
+            kept = self.let(f"tl.where({mask}, {value}, float('-inf'))")
+            top = self.let(f"tl.maximum({peak}, {kept}, propagate_nan=tl.PropagateNan.ALL)")
+            self.line(f"{total} = {total} * {_rescale(peak, top)} + tl.where({mask}, "
+                      f"{_rescale(kept, top)}, 0.0)")
+            self.line(f"{peak} = {top}")
+        elif kind in ("argmax", "argmin"):
             better = ">" if kind == "argmax" else "<"
             best, at = slot["best"], slot["at"]
             kept = self.let(f"tl.where({mask}, {value}, {NEUTRAL[kind]})")
@@ -146,6 +168,11 @@ class KernelWriter(ValueWriter):
     def fold(self, reduction: Reduction, slot: dict[str, str]) -> dict[str, str]:
         """The accumulators' lanes folded into [rows, 1] totals."""
         kind = reduction.node.kind
+        if reduction.online_of is not None:
+            peak = self.let(self.fold_one("amax", "peak", slot["peak"]))
+            total = self.let(f"tl.sum({slot['total']} * {_rescale(slot['peak'], peak)}, "
+                             "axis=1)[:, None]")
+            return {"peak": peak, "total": total}
         if kind in ("argmax", "argmin"):
             best, at = self.arg_fold(kind, slot["best"], slot["at"], reduction.size)
             return {"best": best, "at": at}
@@ -178,7 +205,9 @@ class KernelWriter(ValueWriter):
 
     def finish(self, reduction: Reduction, totals: dict[str, str]) -> None:
         node, n = reduction.node, reduction.size
-        if node.kind in ("argmax", "argmin"):
+        if reduction.online_of is not None:
+            result = totals["total"]
+        elif node.kind in ("argmax", "argmin"):
             result = totals["at"]
         elif node.kind == "var":
             s, q = totals["shifted"], totals["squares"]
@@ -206,11 +235,9 @@ class KernelWriter(ValueWriter):
         mask = self.let(f"{self.masks['row']} & ({part} < {self.splits})", "pmask")
         tiles = {}
         for slot in slots(reduction):
-            neutral = "0" if slot.name in ("at", "shifted", "squares") else NEUTRAL[
-                reduction.node.kind]
             tiles[slot.name] = self.let(
                 f"tl.load({self.workspace(slot)} + {self.rows} * {self.splits} + {part}, "
-                f"mask={mask}, other={neutral})", "part")
+                f"mask={mask}, other={_neutral(reduction, slot)})", "part")
         saved, self.masks["both"] = self.masks.get("both"), mask
         totals = self.fold(reduction, tiles) if reduction.node.kind != "var" else {
             name: self.let(f"tl.sum({tile}, axis=1)[:, None]") for name, tile in tiles.items()}

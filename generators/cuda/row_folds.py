@@ -1,0 +1,82 @@
+"""How a compiled CUDA kernel's reductions fold: each lane's accumulators over the lanes of its
+row (warp shuffles, then shared memory), several of one kind at once, and the partial results of
+other blocks (a cluster's, the GPU's, an earlier launch's) into a block's own."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from generators.compiler.launches import Slot, slots
+from generators.compiler.plan import Reduction
+from generators.cuda.walk_values import WalkValues
+
+FUNCTOR = {"sum": "Add", "mean": "Add", "var": "Add", "prod": "Times", "amax": "NanMax",
+           "amin": "NanMin"}
+
+
+def c_type(slot: Slot) -> str:
+    return "long long" if slot.dtype == torch.int64 else "float"
+
+
+class RowFolds(WalkValues):
+    """The folds of a kernel writer whose rows' lanes are consecutive threads, or, with
+    `rows_apart`, a block's rows apart; `fold_slots`: the `fold_space` the folds take."""
+
+    rows_apart: bool
+    fold_slots: int
+
+    def fold_group(self, group: list[Reduction], totals: dict[int, dict[str, str]]) -> None:
+        """The group's accumulators folded into the rows' totals: those of one type and fold
+        together, through one trip of shared memory (`fold_row_all`)."""
+        batches: dict[tuple[str, str], list[str]] = {}
+        for reduction in group:
+            if (reduction.node.kind in ("argmax", "argmin") or self.rows_apart
+                    or reduction.online_of is not None):
+                self.fold(reduction, totals[reduction.index])
+                continue
+            for each in slots(reduction):
+                batch = (FUNCTOR[reduction.node.kind], c_type(each))
+                batches.setdefault(batch, []).append(totals[reduction.index][each.name])
+        for (functor, element), values in batches.items():
+            if len(values) == 1:
+                self.line(f"{values[0]} = fold_row<LANES>({values[0]}, {functor}(), "
+                          "fold_space);")
+                continue
+            together = self.name("fold")
+            self.fold_slots = max(self.fold_slots, 32 * len(values))
+            self.line(f"{element} {together}[{len(values)}] = {{{', '.join(values)}}};")
+            self.line(f"fold_row_all<LANES>({together}, {functor}(), fold_space);")
+            for k, value in enumerate(values):
+                self.line(f"{value} = {together}[{k}];")
+
+    def fold(self, reduction: Reduction, slot: dict[str, str]) -> None:
+        """The lanes' accumulators folded into the row's totals, held by every lane."""
+        kind = reduction.node.kind
+        apart = "_rows_apart<LANES, ROWS>" if self.rows_apart else "_row<LANES>"
+        if reduction.online_of is not None:  # never rows apart: the plan fuses none there
+            self.line(f"online_fold_row<LANES>({slot['peak']}, {slot['total']}, fold_space);")
+            return
+        if kind in ("argmax", "argmin"):
+            self.line(f"arg_fold{apart}({slot['best']}, {slot['at']}, "
+                      f"{str(kind == 'argmax').lower()}, fold_space);")
+            return
+        for total in slot.values():
+            self.line(f"{total} = fold{apart}({total}, {FUNCTOR[kind]}(), fold_space);")
+
+    def fold_in(self, reduction: Reduction, slot: dict[str, str],
+                partial: Callable[[str], str]) -> None:
+        """A loop body's lines folding into the accumulators `slot` the partial results
+        `partial(name)` reads, as the accumulators were folded."""
+        kind = reduction.node.kind
+        if reduction.online_of is not None:
+            self.line(f"    online_pick({slot['peak']}, {slot['total']}, {partial('peak')}, "
+                      f"{partial('total')});")
+            return
+        if kind in ("argmax", "argmin"):
+            self.line(f"    arg_pick({slot['best']}, {slot['at']}, {partial('best')}, "
+                      f"{partial('at')}, {str(kind == 'argmax').lower()});")
+            return
+        for name, total in slot.items():
+            self.line(f"    {total} = {FUNCTOR[kind]}()({total}, {partial(name)});")

@@ -1,0 +1,70 @@
+"""A softmax's max and its sum of exp(x - max) in one walk over the row: the sum kept rescaled to
+the max so far (an online max-and-sum), folded as (max, sum) pairs over lanes, splits, clusters
+and grids, in both tiers. Correctness in every dtype and schedule is the compiler cases' (the
+fused cases' softmaxes and log-softmaxes, and a masked softmax with -inf in its rows)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from generators.compiler.launches import main_step
+from generators.compiler.schedule import Schedule
+from generators.cuda.program import write_cuda_program
+from generators.triton.program import write_program
+from tests.compiler_cases import Case, load_module, write_problem
+from tests.cuda_on_cpu import kernels_on_cpu
+
+
+def _kernel(tmp_path, body: str, inputs: str, args: str = "x"):
+    _, program = write_problem(tmp_path, Case(args, body, inputs))
+    return program, program.steps[main_step(program)].kernel
+
+
+@pytest.mark.parametrize("body", ["torch.softmax(x, dim=-1)", "torch.log_softmax(x, dim=-1)"])
+def test_a_softmax_sum_is_computed_in_its_max_walk(tmp_path, body):
+    _, kernel = _kernel(tmp_path, body, "torch.randn(6, 40)")
+    peak, total = kernel.reductions
+    assert (peak.node.kind, total.node.kind) == ("amax", "sum")
+    assert total.online_of is peak and total.level == peak.level == 0
+
+
+@pytest.mark.parametrize("body, inputs, why", [
+    ("torch.log_softmax(x, dim=1)", "torch.randn(4, 11, 13)",
+     "rows side by side in memory: their lanes fold apart"),
+    ("torch.logsumexp(x, dim=2)", "torch.randn(4, 11, 13)",
+     "the max is guarded (where |max| is infinite) before it is subtracted"),
+    ("(x * torch.exp(x - x.amax(-1, keepdim=True)).sum(-1, keepdim=True)).sum(-1)",
+     "torch.randn(4, 13)", "another reduction of the row reads the sum"),
+])
+def test_sums_that_are_not_a_plain_softmax_keep_their_own_walk(tmp_path, body, inputs, why):
+    _, kernel = _kernel(tmp_path, body, inputs)
+    assert all(r.online_of is None for r in kernel.reductions), why
+
+
+def test_both_tiers_walk_a_softmax_row_twice_not_three_times(tmp_path):
+    program, _ = _kernel(tmp_path, "torch.softmax(x, dim=-1)", "torch.randn(6, 4000)")
+    cuda = write_cuda_program(program, Schedule(1, 1024, 4), "softmax").split("__global__")[1]
+    # One walk for the max and the sum, one for the outputs.
+    assert len(re.findall(r"for \(int base\d+ = ", cuda)) == 2
+    assert "online_pick(" in cuda and "online_fold_row<LANES>(" in cuda
+    triton = write_program(program, Schedule(1, 1024, 4), "softmax")
+    assert len(re.findall(r"for step\d+ in range\(", triton)) == 2
+
+
+def test_a_row_of_minus_infinity_gives_nan_as_pytorch_does(tmp_path):
+    problem, program = write_problem(tmp_path, Case(
+        "x, m", "torch.softmax(x.masked_fill(m, float('-inf')), dim=-1)",
+        "torch.randn(6, 40), torch.rand(6, 40) > 0.5"))
+    reference = load_module(problem, "masked_problem")
+    x, mask = torch.randn(6, 40), torch.rand(6, 40) > 0.5
+    mask[2] = True
+    expected = reference.Model()(x, mask)
+    path = tmp_path / "kernel.py"
+    path.write_text(write_cuda_program(program, Schedule(2, 8, 4), "masked softmax"))
+    with kernels_on_cpu():
+        got = load_module(path, "masked_kernel").ModelNew()(x, mask)
+    assert torch.equal(torch.isnan(got), torch.isnan(expected)) and torch.isnan(got[2]).all()
+    torch.testing.assert_close(torch.nan_to_num(got), torch.nan_to_num(expected))
