@@ -49,7 +49,7 @@ def test_both_tiers_walk_a_softmax_row_twice_not_three_times(tmp_path):
     cuda = write_cuda_program(program, Schedule(1, 1024, 4), "softmax").split("__global__")[1]
     # One walk for the max and the sum, one for the outputs.
     assert len(re.findall(r"for \(int base\d+ = ", cuda)) == 2
-    assert "online_pick(" in cuda and "online_fold_row<LANES>(" in cuda
+    assert "online_pick(" in cuda and "fold_row_pair<LANES>(" in cuda
     triton = write_program(program, Schedule(1, 1024, 4), "softmax")
     assert len(re.findall(r"for step\d+ in range\(", triton)) == 2
 

@@ -109,32 +109,6 @@ __device__ __forceinline__ void online_pick(float& peak, float& total, float oth
     peak = top;
 }
 
-template <int LANES>
-__device__ __forceinline__ void online_fold_row(float& peak, float& total, long long* shared) {
-    constexpr int WIDTH = LANES < 32 ? LANES : 32;
-    for (int hop = 1; hop < WIDTH; hop <<= 1) {
-        const float other_peak = __shfl_xor_sync(0xffffffffu, peak, hop, WIDTH);
-        const float other_total = __shfl_xor_sync(0xffffffffu, total, hop, WIDTH);
-        online_pick(peak, total, other_peak, other_total);
-    }
-    if (LANES > 32) {
-        float* peaks = reinterpret_cast<float*>(shared);
-        float* totals = peaks + 32;
-        const int first = (threadIdx.x / LANES) * (LANES / 32);
-        if (threadIdx.x % 32 == 0) {
-            peaks[threadIdx.x / 32] = peak;
-            totals[threadIdx.x / 32] = total;
-        }
-        __syncthreads();
-        peak = peaks[first];
-        total = totals[first];
-        for (int w = 1; w < LANES / 32; ++w) {
-            online_pick(peak, total, peaks[first + w], totals[first + w]);
-        }
-        __syncthreads();
-    }
-}
-
 // The better of two (value, index) pairs: NaN first, then the larger (smaller), then the
 // earlier index, as torch.argmax (argmin) picks.
 __device__ __forceinline__ void arg_pick(float& best, long long& at, float value, long long index,
@@ -150,31 +124,54 @@ __device__ __forceinline__ void arg_pick(float& best, long long& at, float value
     if (take) { best = value; at = index; }
 }
 
+// A pair (an arg fold's value and index, an online sum's max and sum) folded over the LANES
+// lanes of a row by `pick(first, second, other_first, other_second)`; every lane gets the
+// result. Rows wider than a warp meet in `shared`: firsts in its first 32 slots, seconds in the
+// next 32.
+template <int LANES, class A, class B, class Pick>
+__device__ __forceinline__ void fold_row_pair(A& first, B& second, Pick pick, long long* shared) {
+    constexpr int WIDTH = LANES < 32 ? LANES : 32;
+    for (int hop = 1; hop < WIDTH; hop <<= 1) {
+        const A other_first = __shfl_xor_sync(0xffffffffu, first, hop, WIDTH);
+        const B other_second = __shfl_xor_sync(0xffffffffu, second, hop, WIDTH);
+        pick(first, second, other_first, other_second);
+    }
+    if (LANES > 32) {
+        A* firsts = reinterpret_cast<A*>(shared);
+        B* seconds = reinterpret_cast<B*>(shared + 32);
+        const int lead = (threadIdx.x / LANES) * (LANES / 32);
+        if (threadIdx.x % 32 == 0) {
+            firsts[threadIdx.x / 32] = first;
+            seconds[threadIdx.x / 32] = second;
+        }
+        __syncthreads();
+        first = firsts[lead];
+        second = seconds[lead];
+        for (int w = 1; w < LANES / 32; ++w) {
+            pick(first, second, firsts[lead + w], seconds[lead + w]);
+        }
+        __syncthreads();
+    }
+}
+
+struct ArgPick {
+    bool largest;
+    __device__ void operator()(float& best, long long& at, float value, long long index) const {
+        arg_pick(best, at, value, index, largest);
+    }
+};
+
+struct OnlinePick {
+    __device__ void operator()(float& peak, float& total, float other_peak,
+                               float other_total) const {
+        online_pick(peak, total, other_peak, other_total);
+    }
+};
+
 template <int LANES>
 __device__ __forceinline__ void arg_fold_row(float& best, long long& at, bool largest,
                                              long long* shared) {
-    constexpr int WIDTH = LANES < 32 ? LANES : 32;
-    for (int hop = 1; hop < WIDTH; hop <<= 1) {
-        const float other = __shfl_xor_sync(0xffffffffu, best, hop, WIDTH);
-        const long long where = __shfl_xor_sync(0xffffffffu, at, hop, WIDTH);
-        arg_pick(best, at, other, where, largest);
-    }
-    if (LANES > 32) {
-        float* values = reinterpret_cast<float*>(shared);
-        long long* indices = shared + 32;
-        const int first = (threadIdx.x / LANES) * (LANES / 32);
-        if (threadIdx.x % 32 == 0) {
-            values[threadIdx.x / 32] = best;
-            indices[threadIdx.x / 32] = at;
-        }
-        __syncthreads();
-        best = values[first];
-        at = indices[first];
-        for (int w = 1; w < LANES / 32; ++w) {
-            arg_pick(best, at, values[first + w], indices[first + w], largest);
-        }
-        __syncthreads();
-    }
+    fold_row_pair<LANES>(best, at, ArgPick{largest}, shared);
 }
 
 // `value` folded over the LANES (> 1) lanes of a row when a block's ROWS rows take consecutive

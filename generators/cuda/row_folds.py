@@ -56,7 +56,8 @@ class RowFolds(WalkValues):
         kind = reduction.node.kind
         apart = "_rows_apart<LANES, ROWS>" if self.rows_apart else "_row<LANES>"
         if reduction.online_of is not None:  # never rows apart: the plan fuses none there
-            self.line(f"online_fold_row<LANES>({slot['peak']}, {slot['total']}, fold_space);")
+            self.line(f"fold_row_pair<LANES>({slot['peak']}, {slot['total']}, OnlinePick(), "
+                      "fold_space);")
             return
         if kind in ("argmax", "argmin"):
             self.line(f"arg_fold{apart}({slot['best']}, {slot['at']}, "
