@@ -17,7 +17,7 @@ import torch
 from core.profile.roofline import GpuPeaks
 from generators.base import Parent, Proposal, Proposals, source_digest
 from generators.compiler.launches import main_step
-from generators.compiler.schedule import VECTOR, Schedule, cuda_drafts, vectors_fit
+from generators.compiler.schedule import Schedule, cuda_drafts, in_vectors
 from generators.compiler.site import program_of
 from generators.cuda.channel_norm import write_cuda_channel_norm
 from generators.cuda.cluster_shares import ClusterNormConfig, register_threads
@@ -282,11 +282,7 @@ def _cuda_compiled_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
     except Unsupported:
         return list(compiled_drafts(graph))
     kernel = program.steps[main_step(program)].kernel
-    if not vectors_fit(kernel, VECTOR):
-        return [*cuda_drafts(kernel), *compiled_drafts(graph)]
-    return [*cuda_drafts(kernel), *[(replace(s, vector=VECTOR), f"{why}; {VECTOR} columns a "
-                                     "thread at a time, loaded as one vector")
-                                    for s, why in compiled_drafts(graph)]]
+    return [*cuda_drafts(kernel), *in_vectors(kernel, list(compiled_drafts(graph)))]
 
 
 WRITERS = (

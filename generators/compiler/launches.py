@@ -40,6 +40,14 @@ def slots(reduction: Reduction) -> list[Slot]:
     return [Slot(i, "total", torch.int64 if integral else torch.float32)]
 
 
+def neutral_kind(reduction: Reduction, slot: Slot) -> str | None:
+    """The reduction kind whose neutral value the accumulator `slot` starts from (an online
+    sum's max starts as a max does); None: zero (indices, a variance's shifted sums)."""
+    if slot.name in ("at", "shifted", "squares"):
+        return None
+    return "amax" if slot.name == "peak" else reduction.node.kind
+
+
 def levels_of(kernel: Kernel) -> int:
     return 1 + max((r.level for r in kernel.reductions), default=-1)
 

@@ -247,10 +247,15 @@ def cuda_drafts(kernel: Kernel) -> list[tuple[Schedule, str]]:
             found.append((Schedule(1, 4096, warps, cluster_blocks=blocks),
                           shared.format(threads=32 * warps) + ": few rows in flight, so that "
                           "a row's second walk finds it in L2"))
-    if vectors_fit(kernel, VECTOR):
-        found = [(replace(s, vector=VECTOR), f"{why}; {VECTOR} columns a thread at a time, "
-                  "loaded as one vector") for s, why in found]
-    return found
+    return in_vectors(kernel, found)
+
+
+def in_vectors(kernel: Kernel, found: list[tuple[Schedule, str]]) -> list[tuple[Schedule, str]]:
+    """CUDA schedules `found` walking vectors of `VECTOR` columns, where they fit the kernel."""
+    if not vectors_fit(kernel, VECTOR):
+        return found
+    return [(replace(s, vector=VECTOR), f"{why}; {VECTOR} columns a thread at a time, loaded "
+             "as one vector") for s, why in found]
 
 
 def _grid_drafts(loop: int) -> list[tuple[Schedule, str]]:

@@ -23,6 +23,7 @@ import torch
 from generators.compiler.index import Expr, substitute
 from generators.compiler.launches import (
     levels_of,
+    neutral_kind,
     slots,
     split_launches,
     workspace_slots,
@@ -39,6 +40,8 @@ MAX_STEPS = 8
 # in flight a thread to cover DRAM's latency: a group norm's rows shared by 44 blocks ran fastest
 # at 16 steps of the 4, 8 and 16 tried (bench/NOTES.md, 2026-12-06, 12:51-14:22 UTC).
 MAX_KEPT_STEPS = 16
+
+
 class CudaKernelWriter(RowFolds):
     """One launch of a planned kernel (phases as in the Triton backend)."""
 
@@ -194,8 +197,8 @@ class CudaKernelWriter(RowFolds):
         slot = {}
         for each in slots(reduction):
             target = self.name("acc")
-            start = ("0" if each.name in ("at", "shifted", "squares")
-                     else NEUTRAL["amax" if each.name == "peak" else reduction.node.kind])
+            kind = neutral_kind(reduction, each)
+            start = "0" if kind is None else NEUTRAL[kind]
             self.line(f"{c_type(each)} {target} = {start};")
             slot[each.name] = target
         return slot

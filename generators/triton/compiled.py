@@ -17,6 +17,7 @@ from generators.compiler.index import Expr, substitute
 from generators.compiler.launches import (
     Slot,
     levels_of,
+    neutral_kind,
     slots,
     split_launches,
     workspace_slots,
@@ -33,9 +34,8 @@ _EXTREME = {"amax": ("tl.maximum", "tl.max"), "amin": ("tl.minimum", "tl.min")}
 
 def _neutral(reduction: Reduction, slot: Slot) -> str:
     """What an accumulator starts from."""
-    if slot.name in ("at", "shifted", "squares"):
-        return "0"
-    return NEUTRAL["amax" if slot.name == "peak" else reduction.node.kind]
+    kind = neutral_kind(reduction, slot)
+    return "0" if kind is None else NEUTRAL[kind]
 
 
 def _rescale(peak: str, top: str) -> str:
