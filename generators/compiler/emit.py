@@ -9,11 +9,14 @@ they read, and elementwise ops written by the op table's formulas (`generators.o
 from __future__ import annotations
 
 import math
+import re
+from collections import Counter
+from collections.abc import Mapping
 
 import torch
 
 from core.runtime.ops import OpKind
-from generators.compiler.index import Expr, Ranges, render
+from generators.compiler.index import Expr, Ranges, floordiv, mod, render, substitute
 from generators.compiler.ir import (
     Cast,
     Constant,
@@ -38,6 +41,22 @@ def is_float(dtype: torch.dtype) -> bool:
     return dtype.is_floating_point
 
 
+_NAME = re.compile(r"\b[A-Za-z_]\w*\b")
+
+
+def unread_dropped(lines: list[str], declaration: re.Pattern[str], comment: str) -> list[str]:
+    """`lines` less the declarations (lines matching `declaration`, the name its first group)
+    whose name nothing else reads, dropped until none is left: a coordinate no load or store of
+    the kernel takes, say. `comment` starts the language's comments."""
+    while True:
+        uses = Counter(name for line in lines for name in _NAME.findall(line.split(comment)[0]))
+        kept = [line for line in lines
+                if not ((found := declaration.match(line)) and uses[found.group(1)] == 1)]
+        if len(kept) == len(lines):
+            return lines
+        lines = kept
+
+
 class ValueEmitter:
     """Lines of a kernel body, with the values a block already computed and the counters and
     masks in scope. Subclasses write each statement in their language."""
@@ -51,6 +70,8 @@ class ValueEmitter:
         self.depth = 1
         self.memo: dict[tuple[int, Coords], str] = {}
         self.bound: dict[str, str] = {}  # counter -> the variable holding it
+        # A counter's variable -> the counter as an expression of its walk's flat counter.
+        self.unravelled: dict[str, Expr] = {}
         self.masks: dict[str, str] = {}  # "row", "column", "both": masks in scope
         self.reduced: dict[tuple[int, Coords], str] = {}  # reductions' per-row results
         self.carries: list[str] = []  # set before a column loop: the scans' running totals
@@ -93,19 +114,35 @@ class ValueEmitter:
         self.line(self.statement(target, text, kind))
         return target
 
-    def render(self, expr: Expr) -> str:
-        return render(expr, self.bound, self.divide)
+    def render(self, expr: Expr, bound: Mapping[str, str] | None = None) -> str:
+        """`expr` over the counters `bound` (those in scope unless given). Where it is linear in
+        the flat counters its coordinates were unravelled from, it is written on those: the
+        divisions of a contiguous run of dimensions cancel (`(c // 512) % 512 * 512 + c % 512`
+        is `c` for `c` under 512²), and the kernel computes no coordinate it does not need."""
+        bound = self.bound if bound is None else bound
+        flat = {s: self.unravelled[bound[s]] for s in expr.symbols()
+                if bound.get(s) in self.unravelled}
+        if flat:
+            linear = substitute(expr, flat, Ranges(self.sizes))
+            if all(isinstance(atom, str) for atom, _ in linear.terms):
+                return render(linear, bound, self.divide)
+        return render(expr, bound, self.divide)
 
     def counters(self, vector: str, symbols: list[str]) -> None:
         """Bind `symbols` (row-major over their sizes) to coordinates of the flat `vector`."""
         sizes = [self.sizes[s] for s in symbols]
         inner = math.prod(sizes)
+        flat = self.name("flat")  # a symbol for `vector`, over the product of the sizes
+        self.sizes[flat], self.bound[flat] = inner, vector
+        ranges = Ranges(self.sizes)
         for k, symbol in enumerate(symbols):
             inner //= sizes[k]
             text = vector if inner == 1 else f"{vector} {self.divide} {inner}"
             if k > 0:
                 text = f"({text}) % {sizes[k]}"
             self.bound[symbol] = self.let(text, "c", "index")
+            self.unravelled[self.bound[symbol]] = mod(floordiv(Expr.of(flat), inner, ranges),
+                                                      sizes[k], ranges)
 
     def mask_for(self, symbols: set[str]) -> str | None:
         rows, columns = bool(symbols & self.row_symbols), bool(symbols - self.row_symbols)

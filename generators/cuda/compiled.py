@@ -69,6 +69,7 @@ class CudaKernelWriter(RowFolds):
         # reduction's loops are shared, rows kept only where rows lie apart and no split launch
         # ends a walk.
         self.cluster = schedule.cluster_blocks
+        self.exchanges = 0  # a cluster's exchanges of partial results so far
         # A row's blocks of the GPU: its barriers so far, each waiting for all of them again.
         self.grid, self.barriers = schedule.grid_blocks, 0
         # Slots of `fold_space` the folds take: 64 (a value a warp, or an arg fold's pairs),
@@ -149,9 +150,13 @@ class CudaKernelWriter(RowFolds):
         self.depth += 1
         lane = f"({step} * LANES + lane) * {width}" if width > 1 else f"{step} * LANES + lane"
         column = first = self.let(f"{base} + {lane}", "col", "index")
-        inside = self.name("inside")
-        self.line(f"const bool {inside} = {column} < {end};")
-        clamped = self.let(f"{inside} ? {column} : {end} - {width}", "c", "index")
+        if share * self.splits == size and share % (self.steps * self.lanes * width) == 0:
+            # The blocks' shares fill the row in whole passes: no lane is ever past its end.
+            clamped, inside = column, "true"
+        else:
+            inside = self.name("inside")
+            self.line(f"const bool {inside} = {column} < {end};")
+            clamped = self.let(f"{inside} ? {column} : {end} - {width}", "c", "index")
         self.masks.update(column=inside, both=inside)
         self.counters(clamped, symbols)
         if width > 1:
@@ -245,7 +250,7 @@ class CudaKernelWriter(RowFolds):
         # An online sum reads its max's source: the max's result is not known yet.
         source = (reduction.online_of or reduction).node.source
         value = self.value(source, tuple(reduction.source_coords()))
-        self.line(f"if ({self.masks['both']}) {{")
+        self.line(f"if ({self.masks['both']}) {{" if self.masks["both"] != "true" else "{")
         if reduction.online_of is not None:
             self.line(f"    online_pick({slot['peak']}, {slot['total']}, {value}, 1.0f);")
         elif kind in ("argmax", "argmin"):
@@ -278,19 +283,31 @@ class CudaKernelWriter(RowFolds):
         self.reduced[(id(node), reduction.coords)] = result
 
     def exchange(self, group: list[Reduction], totals: dict[int, dict[str, str]]) -> None:
-        """Each block's totals of its share of the rows sent to every block of the cluster,
-        then, past the cluster's barrier, folded over the blocks in rank order (the same
-        order, so the same result, in every block)."""
+        """Each block's totals of its share of the rows sent to every block of the cluster
+        (the exchange's own barrier counting their bytes in), then, once all have arrived,
+        folded over the blocks in rank order (the same order, so the same result, in every
+        block)."""
         row = "threadIdx.x % ROWS" if self.rows_apart else "threadIdx.x / LANES"
+        if not self.exchanges:
+            self.line("exchanges_ready();  // every block's barriers are set up")
+        arrived = f"&arrivals[{self.exchanges}]"
+        self.exchanges += 1
         inboxes: dict[tuple[int, str], str] = {}
+        sends, incoming = [], 0
         for reduction in group:
             for each in slots(reduction):
                 inbox = self.name("inbox")
                 inboxes[(reduction.index, each.name)] = inbox
                 self.line(f"__shared__ {c_type(each)} {inbox}[{self.rows_per_block} * CLUSTER];")
-                self.line(f"if (lane == 0) {{ send_to_cluster<CLUSTER>(&{inbox}[({row}) * "
-                          f"CLUSTER + blockIdx.y], {totals[reduction.index][each.name]}); }}")
-        self.line("cluster_barrier();")
+                incoming += self.rows_per_block * self.cluster * (8 if c_type(each) == "long long"
+                                                                  else 4)
+                sends.append(f"if (lane == 0) {{ send_to_cluster<CLUSTER>(&{inbox}[({row}) * "
+                             f"CLUSTER + blockIdx.y], {totals[reduction.index][each.name]}, "
+                             f"{arrived}); }}")
+        self.line(f"expect_bytes({arrived}, {incoming});")
+        for text in sends:
+            self.line(text)
+        self.line(f"wait_for_bytes({arrived});")
         for reduction in group:
             slot = totals[reduction.index]
 
@@ -334,11 +351,10 @@ class CudaKernelWriter(RowFolds):
             self.line("const int lane = threadIdx.x % LANES;")
         if self.keep and not self.registers:
             self.line("extern __shared__ __align__(16) float kept[];")
-        declare_at = len(self.lines)
+        declare_at = open_at = len(self.lines)
         if self.cluster:
-            # Every block of the cluster started before any sends to its shared memory.
             self.line(f"constexpr int CLUSTER = {self.cluster};")
-            self.line("cluster_barrier();")
+            open_at = len(self.lines)
         block = "(long long)blockIdx.x"
         strided = self.schedule.resident_per_sm > 0
         if strided:
@@ -371,6 +387,11 @@ class CudaKernelWriter(RowFolds):
             self.depth -= 1
             self.line("}")
         indent = self.lines[declare_at - 1][:-len(self.lines[declare_at - 1].lstrip())]
+        if self.exchanges:
+            # Each exchange's barrier, set up before any block of the cluster may send.
+            self.lines[open_at:open_at] = [
+                f"{indent}__shared__ unsigned long long arrivals[{self.exchanges}];",
+                f"{indent}exchanges_open(arrivals);"]
         if self.fold_slots > 64:
             self.lines = [line.replace("fold_space[64];", f"fold_space[{self.fold_slots}];")
                           for line in self.lines]
@@ -384,7 +405,8 @@ class CudaKernelWriter(RowFolds):
         if kernel.full:
             def stores() -> None:
                 for i in kernel.full:
-                    self.store(i, f"row_ok && {self.masks['both']}", kernel.output_offset(i))
+                    self.store(i, " && ".join(m for m in ("row_ok", self.masks["both"])
+                                              if m != "true"), kernel.output_offset(i))
             self.columns(kernel.column_count, [kernel.symbols[d] for d in kernel.columns],
                          stores)
         for i in kernel.per_row:

@@ -209,32 +209,78 @@ __device__ __forceinline__ void arg_fold_rows_apart(float& best, long long& at, 
 """
 
 
-# Device code of kernels whose rows a thread-block cluster shares (sm_90): a value sent to one
-# slot of every block's shared memory, and the cluster's barrier, whose release and acquire make
-# the sends visible to every block past it.
+# Device code of kernels whose rows a thread-block cluster shares (sm_90). Each exchange of a
+# block's partial results has a transaction barrier in every block's shared memory: the sends are
+# st.async writes into every block's inbox that count their bytes on the receiver's barrier, and a
+# block reads its inbox once its barrier has seen them all. A cluster barrier with release and
+# acquire semantics costs a MEMBAR.ALL.GPU on sm_90 (SASS) where this costs none; the cluster's
+# only barrier is the one that sees every block's barriers set up before the first send, arrived
+# at when the kernel starts and waited for before that send.
 CLUSTER_EXCHANGE = r"""
 extern "C++" {
-__device__ __forceinline__ void store_remote(unsigned int at, float value) {
-    asm volatile("st.shared::cluster.f32 [%0], %1;" :: "r"(at), "f"(value) : "memory");
-}
-__device__ __forceinline__ void store_remote(unsigned int at, long long value) {
-    asm volatile("st.shared::cluster.s64 [%0], %1;" :: "r"(at), "l"(value) : "memory");
+__device__ __forceinline__ unsigned int in_cluster_block(const void* local, unsigned int rank) {
+    unsigned int remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+                 : "=r"(remote) : "r"((unsigned int)__cvta_generic_to_shared(local)), "r"(rank));
+    return remote;
 }
 
-// `value` into `slot` in the shared memory of each of the cluster's CLUSTER blocks.
-template <int CLUSTER, class T>
-__device__ __forceinline__ void send_to_cluster(T* slot, T value) {
-    const unsigned int local = (unsigned int)__cvta_generic_to_shared(slot);
-    for (unsigned int to = 0; to < CLUSTER; ++to) {
-        unsigned int remote;
-        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(to));
-        store_remote(remote, value);
+__device__ __forceinline__ void send_async(unsigned int at, float value, unsigned int arrived) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];"
+                 :: "r"(at), "f"(value), "r"(arrived) : "memory");
+}
+__device__ __forceinline__ void send_async(unsigned int at, long long value,
+                                           unsigned int arrived) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b64 [%0], %1, [%2];"
+                 :: "r"(at), "l"(value), "r"(arrived) : "memory");
+}
+
+// The block's `count` exchange barriers set up, and the block's arrival on the cluster's
+// barrier, which `exchanges_ready` waits for before any block sends.
+template <int N>
+__device__ __forceinline__ void exchanges_open(unsigned long long (&arrived)[N]) {
+    if (threadIdx.x == 0) {
+        for (int k = 0; k < N; ++k) {
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;"
+                         :: "r"((unsigned int)__cvta_generic_to_shared(&arrived[k])) : "memory");
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+
+__device__ __forceinline__ void exchanges_ready() {
+    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+}
+
+// The block expects `bytes` into its inboxes on barrier `arrived`.
+__device__ __forceinline__ void expect_bytes(unsigned long long* arrived, unsigned int bytes) {
+    if (threadIdx.x == 0) {
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                     :: "r"((unsigned int)__cvta_generic_to_shared(arrived)), "r"(bytes)
+                     : "memory");
     }
 }
 
-__device__ __forceinline__ void cluster_barrier() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\t"
-                 "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+// `value` into `slot` in the shared memory of each of the cluster's CLUSTER blocks, counted on
+// their barrier `arrived`.
+template <int CLUSTER, class T>
+__device__ __forceinline__ void send_to_cluster(T* slot, T value, unsigned long long* arrived) {
+    #pragma unroll 1  // unrolled, the sends' addresses take a register each
+    for (unsigned int to = 0; to < CLUSTER; ++to) {
+        send_async(in_cluster_block(slot, to), value, in_cluster_block(arrived, to));
+    }
+}
+
+// Until every block's values have arrived in this block's inboxes of barrier `arrived`.
+__device__ __forceinline__ void wait_for_bytes(unsigned long long* arrived) {
+    const unsigned int at = (unsigned int)__cvta_generic_to_shared(arrived);
+    unsigned int done = 0;
+    while (!done) {
+        asm volatile("{\n\t.reg .pred p;\n\t"
+                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n\t"
+                     "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(done) : "r"(at) : "memory");
+    }
 }
 }  // extern "C++"
 """

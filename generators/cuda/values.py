@@ -11,11 +11,10 @@ site's, written into the source. A kernel's lines go out without the declaration
 from __future__ import annotations
 
 import re
-from collections import Counter
 
 import torch
 
-from generators.compiler.emit import Coords, ValueEmitter, is_float
+from generators.compiler.emit import Coords, ValueEmitter, is_float, unread_dropped
 from generators.compiler.ir import Cast, Constant, Input, Scan
 from generators.compiler.plan import Kernel
 from generators.cuda.expressions import CUDA, load_as_float, storage_type
@@ -75,7 +74,9 @@ class CudaValues(ValueEmitter):
         carry = self.name("carry")
         self.carries.append(f"float {carry} = 0.0f;")
         running = self.name("scan")
-        self.line(f"float {running} = {self.masks['both']} ? {source} : 0.0f;")
+        inside = self.masks["both"]
+        self.line(f"float {running} = " + (f"{inside} ? {source} : 0.0f;" if inside != "true"
+                                           else f"{source};"))
         self.line("for (int hop = 1; hop < LANES; hop <<= 1) {")
         self.line(f"    const float before = __shfl_up_sync(0xffffffffu, {running}, hop, LANES);")
         self.line(f"    if (lane >= hop) {{ {running} += before; }}")
@@ -87,17 +88,9 @@ class CudaValues(ValueEmitter):
 
 # A `const` value, or a `__shared__` array, declared alone on its line.
 _DECLARATION = re.compile(r"^\s*(?:const|__shared__) [\w ]+? (\w+)(?: = [^;]*|\[[^\];]*\]);$")
-_NAME = re.compile(r"\b[A-Za-z_]\w*\b")
 
 
 def without_unused(lines: list[str]) -> list[str]:
-    """`lines` less the `const` values and `__shared__` arrays nothing reads (a coordinate no
-    load or store of this kernel takes, say), dropped until none is left: nvcc warns of each,
-    and a reader looks for its use."""
-    while True:
-        uses = Counter(name for line in lines for name in _NAME.findall(line.split("//")[0]))
-        kept = [line for line in lines
-                if not ((found := _DECLARATION.match(line)) and uses[found.group(1)] == 1)]
-        if len(kept) == len(lines):
-            return lines
-        lines = kept
+    """`lines` less the `const` values and `__shared__` arrays nothing reads: nvcc warns of
+    each, and a reader looks for its use."""
+    return unread_dropped(lines, _DECLARATION, "//")

@@ -11,7 +11,7 @@ import math
 import torch
 
 from generators.compiler.emit import Coords
-from generators.compiler.index import Expr, Ranges, render, unit_stride
+from generators.compiler.index import Expr, Ranges, unit_stride
 from generators.compiler.ir import Input
 from generators.compiler.plan import Kernel
 from generators.cuda.expressions import store_from_float
@@ -95,7 +95,7 @@ class WalkValues(CudaValues):
 
     def vector_load(self, value: Input, coords: Coords) -> str:
         self.vector_inputs.add(value.index)
-        offset = render(self.offset(value, coords), self.vector_bound, self.divide)
+        offset = self.render(self.offset(value, coords), self.vector_bound)
         return self.before_vector(f"load_vector<{VECTOR_TYPES[self.vector]}>("
                                   f"&in{value.index}[{offset}])")
 
@@ -133,7 +133,7 @@ class WalkValues(CudaValues):
             vector = self.name("o")
             self.before.append(f"{VECTOR_TYPES[self.vector]} {vector};")
             self.line(f"set_lane({vector}, {self.vector_lane}, {text});")
-            at = render(offset, self.vector_bound, self.divide)
+            at = self.render(offset, self.vector_bound)
             self.after_vector.append(f"if ({guard}) {{ store_vector(&out{index}[{at}], "
                                      f"{vector}); }}")
             return

@@ -11,8 +11,10 @@ them; the last one stores the outputs.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
+from generators.compiler.emit import unread_dropped
 from generators.compiler.index import Expr, substitute
 from generators.compiler.launches import (
     Slot,
@@ -29,6 +31,8 @@ from generators.triton.values import ValueWriter
 
 NEUTRAL = {"sum": "0.0", "mean": "0.0", "prod": "1.0", "amax": "float('-inf')",
            "amin": "float('inf')", "argmax": "float('-inf')", "argmin": "float('inf')"}
+# A value bound alone on its line.
+_ASSIGNMENT = re.compile(r"^\s*(\w+) = [^=]")
 _EXTREME = {"amax": ("tl.maximum", "tl.max"), "amin": ("tl.minimum", "tl.min")}
 
 
@@ -272,7 +276,7 @@ class KernelWriter(ValueWriter):
                 self.level(reductions)
         if final:
             self.outputs()
-        return self.lines
+        return unread_dropped(self.lines, _ASSIGNMENT, "#")
 
     def outputs(self) -> None:
         kernel = self.kernel
