@@ -67,8 +67,9 @@ def test_the_search_moves_the_programs_per_sm_a_rung_at_a_time():
 
 
 R, S = "registers", "shared"
-SHARED_AND_KEPT = [(8, True, S), (8, True, R), (8, False, S),
-                   (4, True, S), (4, True, R), (4, False, S)]
+# Kept in registers twice: at 64 values a thread and at 40 or fewer, by the fewest threads.
+SHARED_AND_KEPT = [(8, True, S), (8, True, R), (8, True, R), (8, False, S),
+                   (4, True, S), (4, True, R), (4, True, R), (4, False, S)]
 
 
 @pytest.mark.parametrize(("body", "shape", "cuda_only"), [
@@ -77,7 +78,8 @@ SHARED_AND_KEPT = [(8, True, S), (8, True, R), (8, False, S),
     # one, 196 KB, leaves its block alone on its SM); a quarter (384 KB) is more than a block's
     # shared memory keeps, and an eighth more values a thread than stay in registers
     ("torch.softmax(x, dim=-1)", "(512, 393216)",
-     [(16, True, S), (16, True, R), (16, False, S), (8, True, S), (8, False, S), (4, False, S)]),
+     [(16, True, S), (16, True, R), (16, True, R), (16, False, S), (8, True, S), (8, False, S),
+      (4, False, S)]),
     # 125 KB rows, kept whole by one block (64 values a thread: registers still hold them);
     # 32 MB in all, which L2 holds
     ("torch.log_softmax(x, dim=-1)", "(256, 32000)", [(0, True, S), (0, True, R)]),
@@ -115,6 +117,32 @@ def test_a_block_alone_on_its_sm_takes_every_thread_it_runs(tmp_path, body, shap
             if s.keep_row and s.held == "shared"}
     assert {blocks: n for blocks, (n, _) in kept.items()} == warps, kept
     assert all(f"blocks of {32 * n} threads" in why for n, why in kept.values()), kept
+
+
+@pytest.mark.parametrize(("body", "shape", "held"), [
+    # A group of 65536 values, an eighth a block: 64 values a thread at 128 threads, 40 at
+    # 256 (32 a thread: the fewest pairs of warps that hold 40 or fewer).
+    ("torch.nn.functional.group_norm(x, 32)", "(16, 512, 64, 64)", {8: [(128, 64), (256, 32)],
+                                                                    4: [(256, 64), (448, 40)]}),
+    # A channel of 100352 values: 40 a thread fills 320 threads of an eighth exactly.
+    ("torch.nn.functional.batch_norm(x, None, None, training=True)", "(32, 256, 56, 56)",
+     {8: [(256, 52), (320, 40)], 4: [(448, 56), (640, 40)]}),
+])
+def test_shares_kept_in_registers_are_drafted_at_the_values_a_thread_that_ran_fastest(
+        tmp_path, body, shape, held):
+    graph = load_site_graph(one_input_problem(tmp_path, body, f"torch.randn{shape}"))
+    program = program_of(graph)
+    main = max(program.steps, key=lambda step: step.kernel.row_count * step.kernel.column_count)
+    found: dict[int, list[tuple[int, int]]] = {}
+    for schedule, why in cuda_drafts(main.kernel):
+        if schedule.held != "registers":
+            continue
+        threads = 32 * schedule.num_warps
+        source = write_cuda_compiled(graph, schedule)
+        values = int(re.search(r"float kept0\[(\d+)\];", source).group(1))
+        found.setdefault(schedule.cluster_blocks, []).append((threads, values))
+        assert f"blocks of {threads} threads" in why and f"__launch_bounds__({threads})" in source
+    assert found == held
 
 
 def test_a_row_too_long_for_shared_memory_is_declined_with_the_fix(tmp_path):

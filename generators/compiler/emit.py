@@ -70,8 +70,8 @@ class ValueEmitter:
         self.depth = 1
         self.memo: dict[tuple[int, Coords], str] = {}
         self.bound: dict[str, str] = {}  # counter -> the variable holding it
-        # A counter's variable -> the counter as an expression of its walk's flat counter.
-        self.unravelled: dict[str, Expr] = {}
+        # A counter's variable -> its walk's flat counter, and the counter as an expression of it.
+        self.unravelled: dict[str, tuple[str, Expr]] = {}
         self.masks: dict[str, str] = {}  # "row", "column", "both": masks in scope
         self.reduced: dict[tuple[int, Coords], str] = {}  # reductions' per-row results
         self.carries: list[str] = []  # set before a column loop: the scans' running totals
@@ -120,11 +120,16 @@ class ValueEmitter:
         divisions of a contiguous run of dimensions cancel (`(c // 512) % 512 * 512 + c % 512`
         is `c` for `c` under 512²), and the kernel computes no coordinate it does not need."""
         bound = self.bound if bound is None else bound
-        flat = {s: self.unravelled[bound[s]] for s in expr.symbols()
-                if bound.get(s) in self.unravelled}
-        if flat:
-            linear = substitute(expr, flat, Ranges(self.sizes))
-            if all(isinstance(atom, str) for atom, _ in linear.terms):
+        unravelled = [(s, self.unravelled[bound[s]]) for s in expr.symbols()
+                      if bound.get(s) in self.unravelled]
+        if unravelled:
+            linear = substitute(expr, {s: coordinate for s, (_, coordinate) in unravelled},
+                                Ranges(self.sizes))
+            # Every walk the expression moves along stays in it (a tile's offsets keep the
+            # tile's shape, even along dimensions of size 1).
+            walks = {flat for _, (flat, _) in unravelled}
+            if all(isinstance(atom, str) for atom, _ in linear.terms) and (
+                    walks <= linear.symbols()):
                 return render(linear, bound, self.divide)
         return render(expr, bound, self.divide)
 
@@ -141,8 +146,8 @@ class ValueEmitter:
             if k > 0:
                 text = f"({text}) % {sizes[k]}"
             self.bound[symbol] = self.let(text, "c", "index")
-            self.unravelled[self.bound[symbol]] = mod(floordiv(Expr.of(flat), inner, ranges),
-                                                      sizes[k], ranges)
+            self.unravelled[self.bound[symbol]] = (flat, mod(floordiv(Expr.of(flat), inner,
+                                                                      ranges), sizes[k], ranges))
 
     def mask_for(self, symbols: set[str]) -> str | None:
         rows, columns = bool(symbols & self.row_symbols), bool(symbols - self.row_symbols)

@@ -52,6 +52,10 @@ MAX_SPLITS = 65535
 
 
 HELD_IN = {"shared": "shared memory", "registers": "registers"}
+# Values a thread keeps in registers, each drafted by the fewest threads that hold a share so:
+# the cluster norm writer ran group norm fastest at 64 and batch norm at 40 on an H200
+# (bench/NOTES.md, eighth round).
+HELD_VALUES = (64, 40)
 
 
 @dataclass(frozen=True)
@@ -292,15 +296,28 @@ def _grid_drafts(loop: int) -> list[tuple[Schedule, str]]:
 
 def _held_twins(kept: Schedule, share: int, why: str) -> list[tuple[Schedule, str]]:
     """A kept schedule of `share` values a block with its inputs in shared memory, then in
-    registers (every load of a share in flight at once, where the writer finds few enough values
-    a thread). A share in shared memory of more than half an SM's leaves its block alone on its
-    SM, so that block takes every thread an SM runs, as many loads in flight as two blocks would
-    have (bench/NOTES.md, round of 2026-12-06 10:02 UTC: 23_Softmax's 196 KB shares)."""
+    registers (every load of a share in flight at once), at each count of values a thread in
+    `HELD_VALUES` by the fewest threads that hold it. A share in shared memory of more than
+    half an SM's leaves its block alone on its SM, so that block takes every thread an SM runs,
+    as many loads in flight as two blocks would have (bench/NOTES.md, round of 2026-12-06
+    10:02 UTC: 23_Softmax's 196 KB shares)."""
     alone = _alone(share)
-    twins = (replace(kept, held="shared", num_warps=MAX_WARPS if alone else kept.num_warps,
-                     block_columns=ALONE_PASS if alone else kept.block_columns),
-             replace(kept, held="registers"))
+    twins = [replace(kept, held="shared", num_warps=MAX_WARPS if alone else kept.num_warps,
+                     block_columns=ALONE_PASS if alone else kept.block_columns)]
+    for values in HELD_VALUES:
+        threads = max(128, -(-share // (values * 64)) * 64)
+        held = -(-share // (threads * VECTOR)) * VECTOR
+        registers = replace(kept, held="registers", num_warps=threads // 32,
+                            block_columns=held * threads)
+        if threads <= 32 * MAX_WARPS and held <= held_limit(threads) and registers not in twins:
+            twins.append(registers)
     return [(s, why.format(held=HELD_IN[s.held], threads=32 * s.num_warps)) for s in twins]
+
+
+def held_limit(threads: int) -> int:
+    """Values a thread may keep in registers: at most 64, and 32 at 1024 threads, so that with
+    the kernel's own registers a block stays within an SM's 64 K without spilling."""
+    return min(64, 32 * 1024 // threads)
 
 
 def _alone(share: int) -> bool:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from core.runtime.cuda import MAX_DYNAMIC_SHARED
 from generators.channel_site import ChannelNorm, channel_norm
+from generators.compiler.schedule import held_limit
 from generators.site_graph import SiteGraph
 
 # The most dynamic shared memory a block may opt into on sm_90, less the static part.
@@ -15,12 +16,6 @@ SHARED_LIMIT = MAX_DYNAMIC_SHARED - 1024
 # The norms the cluster kernel takes (instance norm as group norm with a group a channel).
 CLUSTER_NORMS = ("group_norm", "instance_norm", "batch_norm")
 
-
-
-def held_limit(threads: int) -> int:
-    """Values a thread may hold in registers: at most 64, and 32 at 1024 threads, so that with
-    the kernel's own registers a block stays within an SM's 64 K without spilling."""
-    return min(64, 32 * 1024 // threads)
 
 
 def share_of(set_size: int, cluster: int, vec: int) -> int:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from generators.compiler.launches import frame
 from generators.compiler.program import Program
-from generators.compiler.schedule import Schedule
+from generators.compiler.schedule import Schedule, held_limit
 from generators.compiler.site import program_of
-from generators.cuda.cluster_shares import SHARED_LIMIT, held_limit
+from generators.cuda.cluster_shares import SHARED_LIMIT
 from generators.cuda.compiled import CudaKernelWriter
 from generators.cuda.expressions import HELPERS
 from generators.cuda.folds import CLUSTER_EXCHANGE, FOLDS, GRID_EXCHANGE, VECTORS
