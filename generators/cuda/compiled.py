@@ -224,12 +224,29 @@ class CudaKernelWriter(RowFolds):
                 first = tuple(substitute(c, zero) for c in reduction.source_coords())
                 shifts[reduction.index] = self.value(reduction.node.source, first)
         slots = {r.index: self.accumulators(r) for r in group}
+        # An online max-and-sum chains each value's exponential to the last one's max: in a walk
+        # of vectors, each of a lane's columns keeps a pair of its own, merged after the walk.
+        width = self.walk_width(list(group[0].loop))
+        apart = {r.index: {name: f"{total}_apart" for name, total in slots[r.index].items()}
+                 for r in group if r.online_of is not None and width > 1}
+        for index, arrays in apart.items():
+            for array in arrays.values():
+                self.line(f"float {array}[{width}];")
+            self.line(f"for (int v = 0; v < {width}; ++v) {{ {arrays['peak']}[v] = "
+                      f"{slots[index]['peak']}; {arrays['total']}[v] = {slots[index]['total']}; }}")
 
         def body() -> None:
             for reduction in group:
-                self.accumulate(reduction, slots[reduction.index], shifts.get(reduction.index))
+                slot = slots[reduction.index]
+                if reduction.index in apart:
+                    slot = {name: f"{array}[{self.vector_lane}]"
+                            for name, array in apart[reduction.index].items()}
+                self.accumulate(reduction, slot, shifts.get(reduction.index))
 
         self.columns(group[0].size, list(group[0].loop), body)
+        for index, arrays in apart.items():
+            self.line(f"for (int v = 0; v < {width}; ++v) {{ online_pick({slots[index]['peak']}, "
+                      f"{slots[index]['total']}, {arrays['peak']}[v], {arrays['total']}[v]); }}")
         self.fold_group(group, slots)
         if self.cluster:
             self.exchange(group, slots)
