@@ -54,6 +54,21 @@ def test_both_tiers_walk_a_softmax_row_twice_not_three_times(tmp_path):
     assert len(re.findall(r"for step\d+ in range\(", triton)) == 2
 
 
+def test_a_row_kept_on_chip_walks_its_sum_on_its_own(tmp_path):
+    program, kernel = _kernel(tmp_path, "torch.softmax(x, dim=-1)", "torch.randn(6, 40000)")
+    kept = write_cuda_program(program, Schedule(1, 1024, 4, cluster_blocks=4, keep_row=True),
+                              "softmax").split("__global__")[1]
+    # The max's walk, the sum's walk (from the kept share), the outputs': two exchanges.
+    assert "online_pick(" not in kept and kept.count("wait_for_bytes(") == 2
+    assert len(re.findall(r"for \(int base\d+ = ", kept)) == 3
+    # Read again from L2, the sum stays in the max's walk: one exchange.
+    unkept = write_cuda_program(program, Schedule(1, 1024, 4, cluster_blocks=4),
+                                "softmax").split("__global__")[1]
+    assert "online_pick(" in unkept and unkept.count("wait_for_bytes(") == 1
+    # The plan itself is unchanged for the next schedule.
+    assert kernel.reductions[1].online_of is kernel.reductions[0]
+
+
 def test_a_row_of_minus_infinity_gives_nan_as_pytorch_does(tmp_path):
     problem, program = write_problem(tmp_path, Case(
         "x, m", "torch.softmax(x.masked_fill(m, float('-inf')), dim=-1)",

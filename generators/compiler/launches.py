@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from generators.codegen import SM_COUNT_LINE
-from generators.compiler.plan import Kernel, Reduction
+from generators.compiler.plan import Kernel, Reduction, without_online_sums
 from generators.compiler.program import Program
 from generators.compiler.schedule import Schedule, drafts
 
@@ -137,6 +137,10 @@ def frame(program: Program, schedule: Schedule) -> Frame:
     for k, step in enumerate(program.steps):
         kernel = step.kernel
         chosen = (schedule if k == main else drafts(kernel)[0][0]).fitted(kernel)
+        if chosen.keep_row and not chosen.grid_blocks:
+            # A row's blocks of the GPU keep the online sum: a second walk would cost them a
+            # second barrier in global memory.
+            kernel = without_online_sums(kernel)
         for i, value in enumerate(kernel.graph.outputs):
             if step.writes[i].startswith("out"):
                 allocations.append(f"{step.writes[i]} = torch.empty({tuple(value.shape)}, "

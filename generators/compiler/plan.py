@@ -15,7 +15,7 @@ scan with more than its own dimension for columns) is refused, and the next trie
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from generators.compiler.index import Expr, Ranges, linearize, reshape
 from generators.compiler.ir import (
@@ -274,6 +274,18 @@ def _online_sums(kernel: Kernel) -> None:
                 and peak[0].node.source is sub.args[0] and peak[0].loop == reduction.loop
                 and sub.args[0].shape == exp.shape):
             reduction.online_of, reduction.level = peak[0], peak[0].level
+
+
+def without_online_sums(kernel: Kernel) -> Kernel:
+    """`kernel` with each online sum a walk of its own again, after its max's. For schedules
+    that keep a row on chip in a block or a cluster: walking it again there costs less than the
+    online sum's exponentials, each waiting on the last value's max (bench/NOTES.md, 2026-12-06
+    18:14 UTC: 23_Softmax's kept cluster 5.58 ms in two walks, 6.0-6.2 in one)."""
+    if all(r.online_of is None for r in kernel.reductions):
+        return kernel
+    return replace(kernel, reductions=[
+        r if r.online_of is None else replace(r, online_of=None, level=r.online_of.level + 1)
+        for r in kernel.reductions])
 
 
 def candidate_domains(graph: Graph) -> list[tuple[int, ...]]:
