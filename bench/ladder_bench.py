@@ -14,8 +14,9 @@ setting judged by the evaluator and timed against eager, torch.compile and the f
   a program per SM striding over the rows, and (CUDA) each row shared by a cluster of blocks,
   its share kept in registers or shared memory, or read again;
 - long_rows: a softmax over rows of 393216 (1.5 MB, 23_Softmax's rows), the compiler's schedules:
-  a program a row in both tiers, and (CUDA) each row shared by a cluster of 4, 8 or 16 blocks
-  of 512 or 1024 threads, its share kept in shared memory or registers, or read again;
+  the CUDA tier's drafts, a program a row in both tiers, and (CUDA) each row shared by a
+  cluster of 4, 8 or 16 blocks of 512 or 1024 threads, its share kept in shared memory or
+  registers, or read again;
 - matmul: linear + GELU 4096³ bf16 over tile shapes, warps, stages and GROUP_M;
 - pointwise: bias + GELU 8192² bf16 over block sizes and warps;
 - dims: sum over dim 1 of 64×2048×512 fp32 over tile shapes, warps and split reductions.
@@ -39,7 +40,9 @@ from bench.rules_generator_bench import CASES, Case, floor_ms, problem_source  #
 from core.evaluate import EvalConfig, Evaluator  # noqa: E402
 from core.evaluate.site_baseline import time_site  # noqa: E402
 from core.evaluate.verdict import Verdict  # noqa: E402
-from generators.compiler.schedule import Schedule  # noqa: E402
+from generators.compiler.launches import main_step  # noqa: E402
+from generators.compiler.schedule import Schedule, cuda_drafts  # noqa: E402
+from generators.compiler.site import program_of  # noqa: E402
 from generators.cuda.channel_norm import write_cuda_channel_norm  # noqa: E402
 from generators.cuda.cluster_shares import ClusterNormConfig  # noqa: E402
 from generators.cuda.program import write_cuda_compiled  # noqa: E402
@@ -106,12 +109,21 @@ def cluster_schedules(columns: tuple[int, ...], warps: tuple[int, ...]
             for keep, held in ((False, "shared"), (True, "shared"), (True, "registers"))]
 
 
+def cuda_tier_drafts(graph: SiteGraph) -> list[tuple[str, Schedule]]:
+    """The CUDA tier's own drafts for the site's main kernel, as a search starts from them
+    (vectors of 4, shares kept in registers by the fewest threads that hold them)."""
+    program = program_of(graph)
+    return [("cuda", s) for s, _ in cuda_drafts(program.steps[main_step(program)].kernel)]
+
+
 def compiled_norm_settings(graph: SiteGraph) -> list[tuple[str, str]]:
-    """The compiler's own schedules for a norm, to set beside the cluster norm writer's: a
-    program a set in both tiers, and (CUDA) each set shared by a cluster, kept or read again."""
+    """The compiler's own schedules for a norm, to set beside the cluster norm writer's: its
+    CUDA drafts, a program a set in both tiers, and (CUDA) each set shared by a cluster, kept
+    or read again."""
     schedules = [(tier, Schedule(1, columns, warps)) for tier in ("triton", "cuda")
                  for columns in (2048, 4096) for warps in (8, 16)]
-    return compiled_plans(graph, schedules + cluster_schedules((2048, 4096), (8, 16)))
+    return compiled_plans(graph, cuda_tier_drafts(graph) + schedules
+                          + cluster_schedules((2048, 4096), (8, 16)))
 
 
 def row_settings(graph: SiteGraph) -> list[tuple[str, str]]:
@@ -127,8 +139,9 @@ LONG_ROWS = Case("softmax over rows of 393216, 1024×393216 fp32", "reduction", 
 
 
 def long_row_settings(graph: SiteGraph) -> list[tuple[str, str]]:
-    schedules = [(tier, Schedule(1, 4096, 16, resident_per_sm=resident))
-                 for tier in ("triton", "cuda") for resident in (0, 1)]
+    schedules = cuda_tier_drafts(graph) + [
+        (tier, Schedule(1, 4096, 16, resident_per_sm=resident))
+        for tier in ("triton", "cuda") for resident in (0, 1)]
     schedules += [("cuda", Schedule(1, 4096, warps, cluster_blocks=blocks, keep_row=keep,
                                     held=held))
                   for blocks in (4, 8, 16) for warps in (16, 32)
