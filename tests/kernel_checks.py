@@ -67,9 +67,12 @@ def first_draft(path: Path, n: int = 2) -> Proposal:
 
 def one_input_problem(folder: Path, body: str, inputs: str, params: str = "x") -> Path:
     """`folder/problem.py`: a KernelBench problem whose Model returns `body` of its input `x`
-    (or of the inputs `params` names), drawn by the expression(s) `inputs`."""
+    (or of the inputs `params` names, `F` being torch.nn.functional), drawn by the
+    expression(s) `inputs`."""
+    folder.mkdir(parents=True, exist_ok=True)
     path = folder / "problem.py"
-    path.write_text("import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
+    path.write_text("import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n\n"
+                    "class Model(nn.Module):\n"
                     f"    def forward(self, {params}):\n        return {body}\n\n\n"
                     f"def get_inputs():\n    return [{inputs}]\n\n\n"
                     "def get_init_inputs():\n    return []\n")

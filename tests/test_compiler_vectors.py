@@ -30,11 +30,7 @@ KEPT_IN_VECTORS = Schedule(1, 8, 4, keep_row=True, vector=4)
 
 
 def _graph(folder, body: str, inputs: str, params: str = "x"):
-    folder.mkdir(parents=True, exist_ok=True)
-    problem = one_input_problem(folder, body, inputs, params)
-    problem.write_text(problem.read_text().replace(
-        "import torch\n", "import torch\nimport torch.nn.functional as F\n", 1))
-    return load_site_graph(problem)
+    return load_site_graph(one_input_problem(folder, body, inputs, params))
 
 
 def _module(source: str):
