@@ -49,7 +49,7 @@ def test_both_tiers_walk_a_softmax_row_twice_not_three_times(tmp_path):
     cuda = write_cuda_program(program, Schedule(1, 1024, 4), "softmax").split("__global__")[1]
     # One walk for the max and the sum, one for the outputs.
     assert len(re.findall(r"for \(int base\d+ = ", cuda)) == 2
-    assert "online_pick(" in cuda and "fold_row_pair<LANES>(" in cuda
+    assert "online_add(" in cuda and "fold_row_pair<LANES>(" in cuda
     triton = write_program(program, Schedule(1, 1024, 4), "softmax")
     assert len(re.findall(r"for step\d+ in range\(", triton)) == 2
 
@@ -59,12 +59,12 @@ def test_a_row_kept_on_chip_walks_its_sum_on_its_own(tmp_path):
     kept = write_cuda_program(program, Schedule(1, 1024, 4, cluster_blocks=4, keep_row=True),
                               "softmax").split("__global__")[1]
     # The max's walk, the sum's walk (from the kept share), the outputs': two exchanges.
-    assert "online_pick(" not in kept and kept.count("wait_for_bytes(") == 2
+    assert "online_add(" not in kept and kept.count("wait_for_bytes(") == 2
     assert len(re.findall(r"for \(int base\d+ = ", kept)) == 3
     # Read again from L2, the sum stays in the max's walk: one exchange.
     unkept = write_cuda_program(program, Schedule(1, 1024, 4, cluster_blocks=4),
                                 "softmax").split("__global__")[1]
-    assert "online_pick(" in unkept and unkept.count("wait_for_bytes(") == 1
+    assert "online_add(" in unkept and unkept.count("wait_for_bytes(") == 1
     # The plan itself is unchanged for the next schedule.
     assert kernel.reductions[1].online_of is kernel.reductions[0]
 

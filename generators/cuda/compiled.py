@@ -269,7 +269,7 @@ class CudaKernelWriter(RowFolds):
         value = self.value(source, tuple(reduction.source_coords()))
         self.line(f"if ({self.masks['both']}) {{" if self.masks["both"] != "true" else "{")
         if reduction.online_of is not None:
-            self.line(f"    online_pick({slot['peak']}, {slot['total']}, {value}, 1.0f);")
+            self.line(f"    online_add({slot['peak']}, {slot['total']}, {value});")
         elif kind in ("argmax", "argmin"):
             self.line(f"    arg_pick({slot['best']}, {slot['at']}, {value}, "
                       f"{self.bound[reduction.loop[0]]}, {str(kind == 'argmax').lower()});")

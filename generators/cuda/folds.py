@@ -109,6 +109,15 @@ __device__ __forceinline__ void online_pick(float& peak, float& total, float oth
     peak = top;
 }
 
+// One value into an online max-and-sum: one exponential, of the smaller less the larger, where
+// folding it in as the pair (value, 1) would take two. A value at the max counts one.
+__device__ __forceinline__ void online_add(float& peak, float& total, float value) {
+    const bool higher = value > peak;
+    const float e = __expf(higher ? peak - value : (value == peak ? 0.0f : value - peak));
+    total = higher ? total * e + 1.0f : total + e;
+    peak = higher ? value : peak;
+}
+
 // The better of two (value, index) pairs: NaN first, then the larger (smaller), then the
 // earlier index, as torch.argmax (argmin) picks.
 __device__ __forceinline__ void arg_pick(float& best, long long& at, float value, long long index,
