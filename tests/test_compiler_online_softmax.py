@@ -83,3 +83,24 @@ def test_a_row_of_minus_infinity_gives_nan_as_pytorch_does(tmp_path):
         got = load_module(path, "masked_kernel").ModelNew()(x, mask)
     assert torch.equal(torch.isnan(got), torch.isnan(expected)) and torch.isnan(got[2]).all()
     torch.testing.assert_close(torch.nan_to_num(got), torch.nan_to_num(expected))
+
+
+@pytest.mark.parametrize("body", ["torch.softmax(x, dim=-1)", "torch.log_softmax(x, dim=-1)"])
+def test_rows_with_infinities_and_nans_match_pytorch_in_both_tiers(tmp_path, body):
+    # +inf makes PyTorch's sum exp(inf - inf): the whole row NaN, which counting a value at the
+    # max as one would hide; a NaN spreads over its row; -inf values alone count nothing.
+    problem, program = write_problem(tmp_path, Case("x", body, "torch.randn(5, 40)"))
+    x = torch.randn(5, 40)
+    x[1, 5] = float("inf")
+    x[2, 3] = float("nan")
+    x[3] = float("-inf")
+    x[3, 7] = 2.0
+    x[4, ::3] = float("-inf")
+    expected = load_module(problem, "special_problem").Model()(x)
+    for tier, write in (("cuda", write_cuda_program), ("triton", write_program)):
+        path = tmp_path / f"{tier}.py"
+        path.write_text(write(program, Schedule(1, 16, 1), body))
+        with kernels_on_cpu():
+            got = load_module(path, f"special_{tier}").ModelNew()(x)
+        assert torch.equal(torch.isnan(got), torch.isnan(expected)), (tier, got)
+        torch.testing.assert_close(torch.nan_to_num(got), torch.nan_to_num(expected))

@@ -286,7 +286,7 @@ class CudaKernelWriter(RowFolds):
     def finish(self, reduction: Reduction, slot: dict[str, str]) -> None:
         node, n = reduction.node, reduction.size
         if reduction.online_of is not None:
-            result = slot["total"]
+            result = self.let(f"online_total({slot['peak']}, {slot['total']})", "r")
         elif node.kind in ("argmax", "argmin"):
             result = slot["at"]
         elif node.kind == "var":

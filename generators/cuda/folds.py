@@ -109,6 +109,12 @@ __device__ __forceinline__ void online_pick(float& peak, float& total, float oth
     peak = top;
 }
 
+// The online sum as PyTorch's two walks find it: NaN where the max is +inf (exp(inf - inf)),
+// which counting a value at the max as one would hide.
+__device__ __forceinline__ float online_total(float peak, float total) {
+    return peak == INFINITY ? peak - peak : total;
+}
+
 // One value into an online max-and-sum: one exponential, of the smaller less the larger, where
 // folding it in as the pair (value, 1) would take two. A value at the max counts one.
 __device__ __forceinline__ void online_add(float& peak, float& total, float value) {

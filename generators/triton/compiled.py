@@ -210,7 +210,10 @@ class KernelWriter(ValueWriter):
     def finish(self, reduction: Reduction, totals: dict[str, str]) -> None:
         node, n = reduction.node, reduction.size
         if reduction.online_of is not None:
-            result = totals["total"]
+            # NaN where the max is +inf, as PyTorch's exp(inf - inf) makes its sum: counting a
+            # value at the max as one would hide it.
+            result = self.let(f"tl.where({totals['peak']} == float('inf'), float('nan'), "
+                              f"{totals['total']})")
         elif node.kind in ("argmax", "argmin"):
             result = totals["at"]
         elif node.kind == "var":
