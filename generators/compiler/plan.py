@@ -280,7 +280,7 @@ def without_online_sums(kernel: Kernel) -> Kernel:
     """`kernel` with each online sum a walk of its own again, after its max's. For schedules
     that keep a row on chip in a block or a cluster: walking it again there costs less than the
     online sum's exponentials, each waiting on the last value's max (bench/NOTES.md, 2026-12-06
-    18:14 UTC: 23_Softmax's kept cluster 5.58 ms in two walks, 6.0-6.2 in one)."""
+    18:14 UTC: 23_Softmax's kept cluster in one walk and in two)."""
     if all(r.online_of is None for r in kernel.reductions):
         return kernel
     return replace(kernel, reductions=[
