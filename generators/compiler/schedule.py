@@ -305,13 +305,24 @@ def _held_twins(kept: Schedule, share: int, why: str) -> list[tuple[Schedule, st
     twins = [replace(kept, held="shared", num_warps=MAX_WARPS if alone else kept.num_warps,
                      block_columns=ALONE_PASS if alone else kept.block_columns)]
     for values in HELD_VALUES:
-        threads = max(128, -(-share // (values * 64)) * 64)
-        held = -(-share // (threads * VECTOR)) * VECTOR
+        fewest = fewest_register_threads(share, values, VECTOR)
+        if fewest is None:
+            continue
+        threads, held = fewest
         registers = replace(kept, held="registers", num_warps=threads // 32,
                             block_columns=held * threads)
-        if threads <= 32 * MAX_WARPS and held <= held_limit(threads) and registers not in twins:
+        if registers not in twins:
             twins.append(registers)
     return [(s, why.format(held=HELD_IN[s.held], threads=32 * s.num_warps)) for s in twins]
+
+
+def fewest_register_threads(share: int, most: int, vector: int) -> tuple[int, int] | None:
+    """(threads, values a thread): the fewest threads, in pairs of warps and at least 128, that
+    keep a block's `share` in registers at `most` values a thread or fewer, in steps of `vector`
+    values; None where 1024 threads cannot."""
+    threads = max(128, -(-share // (most * 64)) * 64)
+    held = -(-share // (threads * vector)) * vector
+    return (threads, held) if threads <= 32 * MAX_WARPS and held <= held_limit(threads) else None
 
 
 def held_limit(threads: int) -> int:

@@ -28,12 +28,12 @@ from dataclasses import dataclass
 
 from generators.channel_site import ChannelSite, channel_norm, stride_args, views
 from generators.codegen import indent, op_refs, ops_needed
+from generators.compiler.schedule import held_limit
 from generators.cuda.cluster import CLUSTER_HELPERS
 from generators.cuda.cluster_shares import (
     CLUSTER_NORMS,
     SHARED_LIMIT,
     ClusterNormConfig,
-    held_limit,
     set_sizes,
     share_of,
     steps_of,

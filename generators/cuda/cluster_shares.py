@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from core.runtime.cuda import MAX_DYNAMIC_SHARED
 from generators.channel_site import ChannelNorm, channel_norm
-from generators.compiler.schedule import held_limit
+from generators.compiler.schedule import fewest_register_threads
 from generators.site_graph import SiteGraph
 
 # The most dynamic shared memory a block may opt into on sm_90, less the static part.
@@ -61,7 +61,5 @@ def register_threads(graph: SiteGraph, cluster: int, most: int = 64,
     and batch norm 32×256×56² at 40 (8 × 320, ahead of 52 at 8 × 256), so the rules draft
     both 64 and 40 (bench/NOTES.md, eighth round)."""
     _, set_size = set_sizes(channel_norm(graph, CLUSTER_NORMS))
-    share = share_of(set_size, cluster, vector)
-    threads = max(128, -(-share // (most * 64)) * 64)
-    held = steps_of(share, threads, vector) * vector
-    return threads if threads <= 1024 and held <= held_limit(threads) else None
+    fewest = fewest_register_threads(share_of(set_size, cluster, vector), most, vector)
+    return None if fewest is None else fewest[0]

@@ -244,9 +244,13 @@ class CudaKernelWriter(RowFolds):
                 self.accumulate(reduction, slot, shifts.get(reduction.index))
 
         self.columns(group[0].size, list(group[0].loop), body)
-        for index, arrays in apart.items():
-            self.line(f"for (int v = 0; v < {width}; ++v) {{ online_pick({slots[index]['peak']}, "
-                      f"{slots[index]['total']}, {arrays['peak']}[v], {arrays['total']}[v]); }}")
+        for reduction in group:
+            if reduction.index in apart:
+                arrays = apart[reduction.index]
+                self.line(f"for (int v = 0; v < {width}; ++v) {{")
+                self.fold_in(reduction, slots[reduction.index],
+                             lambda name, arrays=arrays: f"{arrays[name]}[v]")
+                self.line("}")
         self.fold_group(group, slots)
         if self.cluster:
             self.exchange(group, slots)
@@ -316,8 +320,7 @@ class CudaKernelWriter(RowFolds):
                 inbox = self.name("inbox")
                 inboxes[(reduction.index, each.name)] = inbox
                 self.line(f"__shared__ {c_type(each)} {inbox}[{self.rows_per_block} * CLUSTER];")
-                incoming += self.rows_per_block * self.cluster * (8 if c_type(each) == "long long"
-                                                                  else 4)
+                incoming += self.rows_per_block * self.cluster * each.dtype.itemsize
                 sends.append(f"if (lane == 0) {{ send_to_cluster<CLUSTER>(&{inbox}[({row}) * "
                              f"CLUSTER + blockIdx.y], {totals[reduction.index][each.name]}, "
                              f"{arrived}); }}")
