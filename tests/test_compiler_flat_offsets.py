@@ -11,7 +11,7 @@ import re
 import torch
 
 from generators.compiler.emit import ValueEmitter
-from generators.compiler.index import Expr
+from generators.compiler.index import Expr, Ranges, floordiv, mod
 from generators.compiler.schedule import Schedule
 from generators.compiler.site import program_of
 from generators.cuda.program import write_cuda_compiled
@@ -113,3 +113,38 @@ def test_a_filled_walk_computes_what_pytorch_does(tmp_path):
         exec(compile(source, "model_new.py", "exec"), namespace)
         actual = namespace["ModelNew"]()(x)
     assert_matches(actual, torch.nn.functional.layer_norm(x, (4, 64)) * 2.0)
+
+
+def test_two_dimensions_one_after_the_other_in_memory_merge_into_one_remainder():
+    ranges = Ranges({"f": 32 * 56 * 56})
+    h, w = mod(floordiv(Expr.of("f"), 56, ranges), 56, ranges), mod(Expr.of("f"), 56, ranges)
+    assert h.scale(56) + w == Expr(((("%", Expr.of("f"), 3136), 1),))
+    # Under 56², nothing is left to divide: the quotient of the outer dimension cancels it.
+    small = Ranges({"f": 56 * 56})
+    h, w = floordiv(Expr.of("f"), 56, small), mod(Expr.of("f"), 56, small)
+    assert h.scale(56) + w == Expr.of("f")
+
+
+def test_a_batch_norm_walk_divides_once_a_load(tmp_path):
+    # A channel's values: 3 samples of 6 × 8 contiguous values, a sample's stride 4 × 48 apart.
+    emitter = _emitter(tmp_path)
+    emitter.sizes.update(n=3, h=6, w=8)
+    emitter.bound["g"] = "row"
+    emitter.counters("col", ["n", "h", "w"])
+    offset = Expr.of("n").scale(4 * 48) + Expr.of("g").scale(48) + Expr.of("h").scale(8) + "w"
+    text = emitter.render(offset)
+    assert text.count("/") == 1 and text.count("%") == 1, text
+    assert "(col) % 48" in text and "(col) / 48) * 192" in text, text
+    graph = _graph(tmp_path / "site", "F.batch_norm(x, None, None, training=True)",
+                   "torch.randn(3, 4, 6, 8)")
+    for schedule in (KEPT_CLUSTER, Schedule(1, 64, 2, keep_row=True, vector=4)):
+        source = write_cuda_compiled(graph, schedule)
+        loads = re.findall(r"load_vector<float4>\(&in0\[([^\]]*)\]", _kernel(source))
+        assert loads and all(o.count("/") == 1 and o.count("%") == 1 for o in loads), loads
+    # The CPU's stand-in runs no clusters: the block that keeps its row alone is run.
+    x = torch.randn(3, 4, 6, 8) * 3.0 + 5.0
+    namespace: dict = {}
+    with kernels_on_cpu():
+        exec(compile(source, "model_new.py", "exec"), namespace)
+        actual = namespace["ModelNew"]()(x)
+    assert_matches(actual, torch.nn.functional.batch_norm(x, None, None, training=True))

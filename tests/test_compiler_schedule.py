@@ -178,9 +178,20 @@ def test_a_clustered_candidate_exchanges_partial_results_in_one_launch(tmp_path)
     assert body.count("exchanges_open(arrivals);") == 1 and body.count("exchanges_ready();") == 1
     assert "__shared__ unsigned long long arrivals[1];" in body and "ws0" not in source
     assert body.count("wait_for_bytes(&arrivals[0]);") == 1
-    assert "send_to_cluster<CLUSTER>" in body and "cluster_barrier" not in source
+    # A row of 512 lanes sends to the 8 blocks from 8 lanes at once.
+    assert "if (lane < CLUSTER) { send_to_block(" in body and "send_to_cluster<" not in body
+    assert "cluster_barrier" not in source
     with pytest.raises(Unsupported, match="kept in shared memory are the CUDA tier's"):
         write_compiled(graph, Schedule(1, 4096, 16, cluster_blocks=8))
+
+
+def test_a_row_of_fewer_lanes_than_the_cluster_sends_from_one_lane(tmp_path):
+    problem = one_input_problem(tmp_path, NORM, "torch.randn(4096, 60)")
+    source = write_cuda_compiled(load_site_graph(problem),
+                                 Schedule(8, 64, 1, cluster_blocks=8))
+    body = source.split("__global__")[1]
+    assert "constexpr int LANES = 4;" in body
+    assert "if (lane == 0) { send_to_cluster<CLUSTER>(" in body and "send_to_block" not in body
 
 
 def test_a_cluster_shares_only_the_loops_of_a_reduction(tmp_path):

@@ -39,14 +39,16 @@ def _module(source: str):
     return namespace["ModelNew"]()
 
 
-def _group_offset(width_w: int) -> tuple[Expr, Ranges]:
+def _group_offset(width_w: int, row_stride: int | None = None) -> tuple[Expr, Ranges]:
     """Where a group norm's input element lies, from its groups' domain (n, g, k): the input
-    (2, 8, 3, W) viewed as 2 groups of 4 channels."""
+    (2, 8, 3, W) viewed as 2 groups of 4 channels, its rows `row_stride` apart (W unless
+    given: contiguous)."""
     ranges = Ranges({"n": 2, "g": 2, "k": 4 * 3 * width_w})
     coords = unravel(linearize([Expr.of("n"), Expr.of("g"), Expr.of("k")],
                                (2, 2, 4 * 3 * width_w)), (2, 8, 3, width_w), ranges)
+    row = row_stride or width_w
     offset = Expr()
-    for coord, stride in zip(coords, (8 * 3 * width_w, 3 * width_w, width_w, 1), strict=True):
+    for coord, stride in zip(coords, (8 * 3 * row, 3 * row, row, 1), strict=True):
         offset = offset + coord.scale(stride)
     return offset, ranges
 
@@ -54,8 +56,11 @@ def _group_offset(width_w: int) -> tuple[Expr, Ranges]:
 def test_a_vector_lies_along_an_input_only_where_its_columns_are_consecutive_and_aligned():
     offset, ranges = _group_offset(8)
     assert unit_stride(offset, "k", 4, ranges) and unit_stride(offset, "k", 2, ranges)
-    # Rows of 6: a vector of 4 would span two of them; one of 2 does not.
+    # Contiguous rows of 6: a group's 72 values lie one after the other, vectors of 4 too.
     offset, ranges = _group_offset(6)
+    assert unit_stride(offset, "k", 4, ranges) and unit_stride(offset, "k", 2, ranges)
+    # Rows of 6 values 8 apart: a vector of 4 would span two of them; one of 2 does not.
+    offset, ranges = _group_offset(6, row_stride=8)
     assert not unit_stride(offset, "k", 4, ranges) and unit_stride(offset, "k", 2, ranges)
     # A weight per channel: the same value over a vector's columns, not consecutive ones.
     ranges = Ranges({"g": 2, "k": 96})

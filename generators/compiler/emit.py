@@ -16,7 +16,7 @@ from collections.abc import Mapping
 import torch
 
 from core.runtime.ops import OpKind
-from generators.compiler.index import Expr, Ranges, floordiv, mod, render, substitute
+from generators.compiler.index import Expr, Ranges, divisions, floordiv, mod, render, substitute
 from generators.compiler.ir import (
     Cast,
     Constant,
@@ -115,10 +115,11 @@ class ValueEmitter:
         return target
 
     def render(self, expr: Expr, bound: Mapping[str, str] | None = None) -> str:
-        """`expr` over the counters `bound` (those in scope unless given). Where it is linear in
-        the flat counters its coordinates were unravelled from, it is written on those: the
-        divisions of a contiguous run of dimensions cancel (`(c // 512) % 512 * 512 + c % 512`
-        is `c` for `c` under 512²), and the kernel computes no coordinate it does not need."""
+        """`expr` over the counters `bound` (those in scope unless given). Where written on the
+        flat counters its coordinates were unravelled from it takes fewer divisions, it is
+        written on those: the divisions of a run of dimensions that lie one after the other in
+        memory cancel (`(c // 512) % 512 * 512 + c % 512` is `c` for `c` under 512², and `c %
+        3136` for larger `c`), and the kernel computes no coordinate it does not need."""
         bound = self.bound if bound is None else bound
         unravelled = [(s, self.unravelled[bound[s]]) for s in expr.symbols()
                       if bound.get(s) in self.unravelled]
@@ -128,8 +129,10 @@ class ValueEmitter:
             # Every walk the expression moves along stays in it (a tile's offsets keep the
             # tile's shape, even along dimensions of size 1).
             walks = {flat for _, (flat, _) in unravelled}
-            if all(isinstance(atom, str) for atom, _ in linear.terms) and (
-                    walks <= linear.symbols()):
+            through_coordinates = divisions(expr) + sum(
+                divisions(coordinate) for _, (_, coordinate) in unravelled)
+            fewer = divisions(linear) == 0 or divisions(linear) < through_coordinates
+            if fewer and walks <= linear.symbols():
                 return render(linear, bound, self.divide)
         return render(expr, bound, self.divide)
 

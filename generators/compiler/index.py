@@ -35,15 +35,23 @@ class Expr:
     @staticmethod
     def _make(terms: Mapping[Atom, int], constant: int) -> Expr:
         terms = {a: c for a, c in terms.items() if c}
-        # (e // k) * c * k + (e % k) * c is e * c: a reshape undone by its inverse.
         for atom, coef in list(terms.items()):
-            if isinstance(atom, tuple) and atom[0] == "%" and atom in terms:
-                _, inner, k = atom
-                quotient = ("//", inner, k)
-                if terms.get(quotient) == coef * k:
-                    del terms[atom], terms[quotient]
-                    folded = Expr._make(terms, constant) + inner.scale(coef)
-                    return folded
+            if not (isinstance(atom, tuple) and atom[0] == "%"):
+                continue
+            _, inner, k = atom
+            # (e // k) * c * k + (e % k) * c is e * c: a reshape undone by its inverse.
+            quotient = ("//", inner, k)
+            if terms.get(quotient) == coef * k:
+                del terms[atom], terms[quotient]
+                return Expr._make(terms, constant) + inner.scale(coef)
+            # (e // k) % m * c * k + (e % k) * c is (e % (k * m)) * c: two dimensions of a view
+            # that lie one after the other in memory, merged.
+            for outer, outer_coef in terms.items():
+                if (isinstance(outer, tuple) and outer[0] == "%" and outer_coef == coef * k
+                        and outer[1] == Expr(((quotient, 1),))):
+                    del terms[atom], terms[outer]
+                    merged = Expr(((("%", inner, k * outer[2]), coef),))
+                    return Expr._make(terms, constant) + merged
         kept = tuple(sorted(terms.items(), key=lambda t: repr(t[0])))
         return Expr(kept, constant)
 
@@ -215,6 +223,11 @@ def reshape(coords: list[Expr], shape: tuple[int, ...], source: tuple[int, ...],
         for k, coord in zip(group_j, found, strict=True):
             out[k] = coord
         i, j = i + 1, j + 1
+
+
+def divisions(expr: Expr) -> int:
+    """How many floor divisions and remainders computing `expr` takes."""
+    return sum(1 + divisions(atom[1]) for atom, _ in expr.terms if isinstance(atom, tuple))
 
 
 def render(expr: Expr, name: Mapping[str, str], divide: str = "//") -> str:

@@ -321,8 +321,13 @@ class CudaKernelWriter(RowFolds):
                 inboxes[(reduction.index, each.name)] = inbox
                 self.line(f"__shared__ {c_type(each)} {inbox}[{self.rows_per_block} * CLUSTER];")
                 incoming += self.rows_per_block * self.cluster * each.dtype.itemsize
-                sends.append(f"if (lane == 0) {{ send_to_cluster<CLUSTER>(&{inbox}[({row}) * "
-                             f"CLUSTER + blockIdx.y], {totals[reduction.index][each.name]}, "
+                at, value = f"&{inbox}[({row}) * CLUSTER + blockIdx.y]", totals[
+                    reduction.index][each.name]
+                # Every lane holds the totals: a row of CLUSTER lanes or more sends to all the
+                # blocks at once, rather than one lane sending to each in turn.
+                sends.append(f"if (lane < CLUSTER) {{ send_to_block({at}, {value}, {arrived}, "
+                             "lane); }" if self.lanes >= self.cluster else
+                             f"if (lane == 0) {{ send_to_cluster<CLUSTER>({at}, {value}, "
                              f"{arrived}); }}")
         self.line(f"expect_bytes({arrived}, {incoming});")
         for text in sends:
