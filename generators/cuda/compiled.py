@@ -88,6 +88,7 @@ class CudaKernelWriter(RowFolds):
         passes = self.steps * self.lanes * self.kept_width
         self.kept_columns = -(-share // passes) * passes  # a row's share, in whole passes
         self.passes = self.kept_columns // passes  # of a kept walk
+        self.unrolled_walks = 0  # kept walks in registers so far
 
     def workspace(self, reduction: Reduction, name: str) -> str:
         found = [j for j, slot in enumerate(self.workspaces)
@@ -138,6 +139,14 @@ class CudaKernelWriter(RowFolds):
         walk = self.name("walk") if kept_walk and self.registers else ""
         stride = f"{self.steps} * LANES" + (f" * {width}" if width > 1 else "")
         if walk:
+            if self.unrolled_walks:
+                # Offsets computed again, not carried over from the first walk: carried, they
+                # took a register a step across the exchange (bench/NOTES.md, 2026-12-06 20:47).
+                letter, opaque = "l" if self.index == "long long" else "r", self.name("start")
+                self.line(f"{self.index} {opaque} = {start};")
+                self.line(f'asm volatile("" : "+{letter}"({opaque}));')
+                start = opaque
+            self.unrolled_walks += 1
             # A fixed count of passes, unrolled: the kept arrays' indices are constants.
             self.line("#pragma unroll")
             self.line(f"for (int {walk} = 0; {walk} < {self.passes}; ++{walk}) {{")
