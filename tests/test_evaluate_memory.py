@@ -285,32 +285,60 @@ def test_a_runs_own_steps_and_candidates_take_turns_in_the_ledger(tmp_path):
         ledger.path.unlink(missing_ok=True)
 
 
+def _until(found, what: str, timeout_s: float = 30.0):
+    """`found()`'s first true value, polled; fails naming `what` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := found()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+    return value
+
+
+def _waiting(ledger: DeviceLedger) -> dict[str, float]:
+    """The ledger's waiting holdings and since when they wait ({} while it is being written)."""
+    try:
+        return json.loads(ledger.path.read_text()).get("waiting", {})
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
 def test_a_holding_kept_waiting_is_passed_by_no_later_one(tmp_path):
+    # Each step waits for the ledger to show the one before it, so that a busy machine's
+    # thread scheduling decides nothing.
     gpu = f"test-{tmp_path.name}"
     ledgers = [DeviceLedger(gpu, 100, poll_s=0.01, patience_s=0.2) for _ in range(3)]
     order: list[str] = []
+    release = threading.Event()
 
-    def take(ledger: DeviceLedger, name: str, needed: int, hold_s: float) -> threading.Thread:
+    def take(ledger: DeviceLedger, name: str, needed: int, until: threading.Event | None
+             ) -> threading.Thread:
         def run() -> None:
             with ledger.hold("candidate", needed):
                 order.append(name)
-                time.sleep(hold_s)
+                if until is not None:
+                    until.wait(timeout=30)
 
         thread = threading.Thread(target=run)
         thread.start()
         return thread
 
     try:
-        first = take(ledgers[0], "60 held", 60, 1.0)
-        time.sleep(0.1)
-        large = take(ledgers[1], "70 waiting", 70, 0.1)  # does not fit beside the 60
-        time.sleep(0.4)  # ... and has waited past its patience
-        small = take(ledgers[2], "30 later", 30, 0.1)  # would fit beside the 60, but waits
+        first = take(ledgers[0], "60 held", 60, release)
+        _until(lambda: order, "the 60 to be held")
+        large = take(ledgers[1], "70 waiting", 70, None)  # does not fit beside the 60
+        began = min(_until(lambda: _waiting(ledgers[0]), "the 70 to wait").values())
+        time.sleep(max(0.0, began + 0.3 - time.time()))  # ... and has waited past its patience
+        # 35 fits beside the 60, but waits behind the 70; and beside the 70 it does not fit.
+        small = take(ledgers[2], "35 later", 35, None)
+        _until(lambda: len(_waiting(ledgers[0])) == 2, "the 35 to wait")
+        assert order == ["60 held"]
+        release.set()
         for thread in (first, large, small):
             thread.join(timeout=30)
-        assert order == ["60 held", "70 waiting", "30 later"]
+        assert order == ["60 held", "70 waiting", "35 later"]
         assert json.loads(ledgers[0].path.read_text()) == {"held": {}, "waiting": {}}
     finally:
+        release.set()
         ledgers[0].path.unlink(missing_ok=True)
 
 
