@@ -40,7 +40,7 @@ from bench.rules_generator_bench import CASES, Case, floor_ms, problem_source  #
 from core.evaluate import EvalConfig, Evaluator  # noqa: E402
 from core.evaluate.site_baseline import time_site  # noqa: E402
 from core.evaluate.verdict import Verdict  # noqa: E402
-from generators.compiler.launches import main_step  # noqa: E402
+from generators.compiler.launches import main_kernel  # noqa: E402
 from generators.compiler.schedule import Schedule, cuda_drafts  # noqa: E402
 from generators.compiler.site import program_of  # noqa: E402
 from generators.cuda.channel_norm import write_cuda_channel_norm  # noqa: E402
@@ -113,7 +113,7 @@ def cuda_tier_drafts(graph: SiteGraph) -> list[tuple[str, Schedule]]:
     """The CUDA tier's own drafts for the site's main kernel, as a search starts from them
     (vectors of 4, shares kept in registers by the fewest threads that hold them)."""
     program = program_of(graph)
-    return [("cuda", s) for s, _ in cuda_drafts(program.steps[main_step(program)].kernel)]
+    return [("cuda", s) for s, _ in cuda_drafts(main_kernel(program))]
 
 
 def compiled_norm_settings(graph: SiteGraph) -> list[tuple[str, str]]:

@@ -16,7 +16,7 @@ import torch
 
 from core.profile.roofline import GpuPeaks
 from generators.base import Parent, Proposal, Proposals, source_digest
-from generators.compiler.launches import main_step
+from generators.compiler.launches import main_kernel
 from generators.compiler.schedule import Schedule, cuda_drafts, in_vectors
 from generators.compiler.site import program_of
 from generators.cuda.channel_norm import write_cuda_channel_norm
@@ -281,7 +281,7 @@ def _cuda_compiled_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
         program = program_of(graph)
     except Unsupported:
         return list(compiled_drafts(graph))
-    kernel = program.steps[main_step(program)].kernel
+    kernel = main_kernel(program)
     return [*cuda_drafts(kernel), *in_vectors(kernel, list(compiled_drafts(graph)))]
 
 

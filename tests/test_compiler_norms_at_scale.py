@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from core.evaluate import EvalConfig, evaluate
-from generators.compiler.launches import main_step
+from generators.compiler.launches import main_kernel
 from generators.compiler.schedule import Schedule, cuda_drafts, in_vectors
 from generators.compiler.site import program_of
 from generators.cuda.program import write_cuda_compiled
@@ -39,7 +39,7 @@ def _cuda_schedules(graph) -> list[Schedule]:
     """The CUDA tier's own drafts of the site's main kernel, or, where it drafts none (a site
     L2 holds), the compiler's first two drafts in vectors."""
     program = program_of(graph)
-    kernel = program.steps[main_step(program)].kernel
+    kernel = main_kernel(program)
     found = cuda_drafts(kernel) or in_vectors(kernel, list(compiled_drafts(graph)))[:2]
     return [schedule for schedule, _ in found]
 

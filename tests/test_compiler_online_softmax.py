@@ -10,7 +10,7 @@ import re
 import pytest
 import torch
 
-from generators.compiler.launches import main_step
+from generators.compiler.launches import main_kernel
 from generators.compiler.schedule import Schedule
 from generators.cuda.program import write_cuda_program
 from generators.triton.program import write_program
@@ -20,7 +20,7 @@ from tests.cuda_on_cpu import kernels_on_cpu
 
 def _kernel(tmp_path, body: str, inputs: str, args: str = "x"):
     _, program = write_problem(tmp_path, Case(args, body, inputs))
-    return program, program.steps[main_step(program)].kernel
+    return program, main_kernel(program)
 
 
 @pytest.mark.parametrize("body", ["torch.softmax(x, dim=-1)", "torch.log_softmax(x, dim=-1)"])

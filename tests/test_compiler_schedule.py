@@ -10,6 +10,7 @@ import re
 import pytest
 
 from generators.codegen import SM_COUNT_LINE
+from generators.compiler.launches import main_kernel
 from generators.compiler.schedule import Schedule, cuda_drafts, drafts
 from generators.compiler.site import program_of
 from generators.cuda.program import write_cuda_compiled
@@ -131,10 +132,8 @@ def test_a_block_alone_on_its_sm_takes_every_thread_it_runs(tmp_path, body, shap
 def test_shares_kept_in_registers_are_drafted_at_the_values_a_thread_that_ran_fastest(
         tmp_path, body, shape, held):
     graph = load_site_graph(one_input_problem(tmp_path, body, f"torch.randn{shape}"))
-    program = program_of(graph)
-    main = max(program.steps, key=lambda step: step.kernel.row_count * step.kernel.column_count)
     found: dict[int, list[tuple[int, int]]] = {}
-    for schedule, why in cuda_drafts(main.kernel):
+    for schedule, why in cuda_drafts(main_kernel(program_of(graph))):
         if schedule.held != "registers":
             continue
         threads = 32 * schedule.num_warps

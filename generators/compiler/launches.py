@@ -121,6 +121,11 @@ def main_step(program: Program) -> int:
     return sizes.index(max(sizes))
 
 
+def main_kernel(program: Program) -> Kernel:
+    """The kernel of the step the search's schedule is for."""
+    return program.steps[main_step(program)].kernel
+
+
 def frame(program: Program, schedule: Schedule) -> Frame:
     """The forward around the kernels. The largest kernel takes `schedule`; the others their
     first draft."""
@@ -182,4 +187,4 @@ def kernel_parameters(kernel: Kernel, workspaces: int) -> list[str]:
 
 def schedule_drafts(program: Program) -> list[tuple[Schedule, str]]:
     """The schedules to try first, for the program's largest kernel."""
-    return drafts(program.steps[main_step(program)].kernel)
+    return drafts(main_kernel(program))

@@ -277,21 +277,22 @@ __device__ __forceinline__ void expect_bytes(unsigned long long* arrived, unsign
     }
 }
 
-// `value` into `slot` in the shared memory of each of the cluster's CLUSTER blocks, counted on
-// their barrier `arrived`: one thread sending them all.
-template <int CLUSTER, class T>
-__device__ __forceinline__ void send_to_cluster(T* slot, T value, unsigned long long* arrived) {
-    #pragma unroll 1  // unrolled, the sends' addresses take a register each
-    for (unsigned int to = 0; to < CLUSTER; ++to) {
-        send_async(in_cluster_block(slot, to), value, in_cluster_block(arrived, to));
-    }
-}
-
-// The same by CLUSTER threads at once, each holding `value`: thread `to` sends to block `to`.
+// `value` into `slot` in the shared memory of block `to` of the cluster, counted on its barrier
+// `arrived`: CLUSTER threads each holding `value` send to all the blocks at once, thread `to`
+// to block `to`.
 template <class T>
 __device__ __forceinline__ void send_to_block(T* slot, T value, unsigned long long* arrived,
                                               unsigned int to) {
     send_async(in_cluster_block(slot, to), value, in_cluster_block(arrived, to));
+}
+
+// The same to each of the cluster's CLUSTER blocks in turn: one thread sending them all.
+template <int CLUSTER, class T>
+__device__ __forceinline__ void send_to_cluster(T* slot, T value, unsigned long long* arrived) {
+    #pragma unroll 1  // unrolled, the sends' addresses take a register each
+    for (unsigned int to = 0; to < CLUSTER; ++to) {
+        send_to_block(slot, value, arrived, to);
+    }
 }
 
 // Until every block's values have arrived in this block's inboxes of barrier `arrived`.
