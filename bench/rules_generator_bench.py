@@ -2,6 +2,7 @@
 against eager, torch.compile and its roofline floor. Prints one table.
 
     python bench/rules_generator_bench.py [--workers 4] [--evaluations 24] [--only NAME]
+        [--writers all|compiler]
 
 Each site is searched as `core.optimize` searches it: a tree of the generator's kernels
 (Triton, and CUDA where the family has it) ranked by UCT on the latency the evaluator measures
@@ -9,7 +10,8 @@ on the GPU against the faster of the site's eager and compiled times, until 12 e
 bring no new best or `--evaluations` kernels were judged. The fastest accepted kernel is the
 family's result. Targets: memory-bound families at >= 85% of the byte floor and never slower
 than torch.compile; matmul with epilogue within 10% of torch.compile in bf16; conv with
-epilogue faster than eager.
+epilogue faster than eager. `--writers compiler` leaves pointwise and reduction sites to the
+kernel compiler alone, without the pattern writers, to set its kernels beside theirs.
 """
 
 from __future__ import annotations
@@ -29,9 +31,16 @@ from core.optimize.run import feedback_of  # noqa: E402
 from core.profile.roofline import GpuPeaks  # noqa: E402
 from core.search.tree import Node, SearchConfig, SiteSearch  # noqa: E402
 from generators.base import Feedback, Parent, Proposal, Proposals  # noqa: E402
-from generators.rules import RulesGenerator  # noqa: E402
+from generators.rules import WRITERS, RulesGenerator, Writer  # noqa: E402
 
 PEAKS = GpuPeaks()
+COMPILER = ("write_compiled", "write_cuda_compiled")
+
+
+def compiler_writers() -> tuple[Writer, ...]:
+    """The rules with pointwise and reduction sites left to the kernel compiler alone."""
+    return tuple(w for w in WRITERS
+                 if w.family not in ("pointwise", "reduction") or w.write.__name__ in COMPILER)
 
 
 @dataclass(frozen=True)
@@ -177,8 +186,10 @@ def main() -> int:
     parser.add_argument("--only", default="",
                         help="comma-separated: cases whose name contains one of these")
     parser.add_argument("--save", type=Path, help="write every case's best kernel to this file")
+    parser.add_argument("--writers", choices=("all", "compiler"), default="all",
+                        help="compiler: pointwise and reduction sites by the kernel compiler alone")
     args = parser.parse_args()
-    generator = RulesGenerator()
+    generator = RulesGenerator(compiler_writers() if args.writers == "compiler" else WRITERS)
     rows, kept = [], []
     with tempfile.TemporaryDirectory(prefix="kiln-rules-bench-") as folder, \
             Evaluator(EvalConfig(device="cuda"), workers=args.workers) as evaluator:

@@ -115,6 +115,9 @@ NORM_CASES = [
     Case("x", "F.layer_norm(x, (3, 5, 7))", "torch.randn(4, 3, 5, 7)"),
     Case("x, w", "x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w",
          "torch.randn(6, 40), torch.randn(40)"),
+    # F.rms_norm's decomposition adds its epsilon in place, on its own temporary.
+    Case("x, w", "F.rms_norm(x, (40,), w, 1e-6)",
+         "torch.randn(6, 40).bfloat16(), torch.randn(40).bfloat16()"),
     Case("x, w, b", "F.group_norm(x, 3, w, b)",
          "torch.randn(2, 12, 5, 3), torch.randn(12), torch.randn(12)"),
     Case("x", "F.instance_norm(x)", "torch.randn(3, 4, 7, 5)"),

@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from generators.compiler.lower import lower_problem
+from generators.site_graph import Unsupported
 from store import open_reader
 
 REPO = Path(__file__).resolve().parents[1]
@@ -59,3 +63,12 @@ def test_the_store_keeps_each_sites_decline(tmp_path):
         sites = {s.signature.split(" |")[0]: s for s in reader.sites(reader.latest_run_id())}
     assert "atan (aten.atan)" in sites["atan → sum"].declined
     assert sites["softmax"].declined is None
+
+
+def test_an_in_place_op_on_an_input_is_declined_by_name(tmp_path):
+    problem = tmp_path / "problem.py"
+    problem.write_text(MODEL.replace("return torch.atan(x).sum(-1), torch.softmax(y, dim=0)",
+                                     "return x.add_(y[:8, :1].sum()).sum(-1)"))
+    with pytest.raises(Unsupported, match=r"add_ \(aten.add_\) overwrites a value the site "
+                                          r"reads elsewhere"):
+        lower_problem(problem)

@@ -133,10 +133,26 @@ class _Lowering(WindowLowering):
         if name in _VIEWS:
             return self.reshaped(node, shape, dtype)
         if name in ELEMENTWISE_OPS:
-            args = tuple(self.value(a) for a in node.args)
-            kwargs = tuple((k, self.value(v)) for k, v in node.kwargs.items())
-            return Elementwise(shape, dtype, op=name, args=args, kwargs=kwargs)
+            return self.elementwise(node, name, shape, dtype)
+        if name.endswith("_") and name[:-1] in ELEMENTWISE_OPS:
+            return self.in_place(node, name, shape, dtype)
         raise Unsupported(f"{name} (aten.{name}) has no lowering to the compiler's IR")
+
+    def in_place(self, node: fx.Node, name: str, shape: tuple[int, ...],
+                 dtype: torch.dtype) -> Value:
+        """An in-place elementwise op (a decomposition's `add_` on its own temporary) as its
+        functional twin, where nothing else reads the value it overwrites."""
+        target = node.args[0]
+        if not isinstance(target, fx.Node) or target.op == "placeholder" or len(target.users) > 1:
+            raise Unsupported(f"{name} (aten.{name}) overwrites a value the site reads "
+                              "elsewhere: the compiler lowers in-place ops only on temporaries")
+        return self.elementwise(node, name[:-1], shape, dtype)
+
+    def elementwise(self, node: fx.Node, op: str, shape: tuple[int, ...],
+                    dtype: torch.dtype) -> Value:
+        args = tuple(self.value(a) for a in node.args)
+        kwargs = tuple((k, self.value(v)) for k, v in node.kwargs.items())
+        return Elementwise(shape, dtype, op=op, args=args, kwargs=kwargs)
 
     def reshaped(self, node: fx.Node, shape: tuple[int, ...], dtype: torch.dtype) -> Value:
         source = self.value(node.args[0])
