@@ -1,7 +1,8 @@
 """Shares kept in registers: a kernel's later walks compute their offsets again rather than
-carry the first walk's across the exchange, so that the registers a thread takes are its share
-and little more, and as many blocks fit an SM as the cluster norm writer fits (ptxas's own
-count, by the real nvcc)."""
+carry the first walk's across the exchange, and the kernel asks ptxas for the blocks an SM its
+share leaves room for, so that the registers a thread takes are its share and little more, and
+as many blocks fit an SM as the cluster norm writer fits (ptxas's own count, by the real
+nvcc)."""
 
 from __future__ import annotations
 
@@ -20,10 +21,24 @@ WRITERS_SETTING = Schedule(1, 12800, 10, cluster_blocks=8, keep_row=True, held="
                            vector=4)
 
 
+GROUP_NORM = "F.silu(F.group_norm(x, 32, w, b))"
+# Group norm's groups of 16 × 64² shared by 8 blocks of 128 threads, 64 values a thread.
+GROUP_SETTING = Schedule(1, 8192, 4, cluster_blocks=8, keep_row=True, held="registers",
+                         vector=4)
+
+
 def _source(tmp_path) -> str:
     problem = one_input_problem(tmp_path, BATCH_NORM, "torch.randn(32, 256, 56, 56), "
                                 "torch.randn(256), torch.randn(256)", "x, w, b")
     return write_cuda_compiled(load_site_graph(problem), WRITERS_SETTING)
+
+
+def _kernel(source: str):
+    (cuda,) = cuda_sources(source)
+    report = cuda_source_report(cuda)
+    assert report.notes == [], report.notes
+    (kernel,) = [k for k in report.kernels if "site_kernel" in k.name]
+    return kernel
 
 
 def test_the_later_walk_computes_its_offsets_again(tmp_path):
@@ -37,8 +52,19 @@ def test_the_later_walk_computes_its_offsets_again(tmp_path):
 
 def test_three_blocks_of_320_threads_fit_an_sm(tmp_path):
     # 65536 registers an SM over 3 × 320 threads: at most 64 a thread (the writer's own count).
-    (source,) = cuda_sources(_source(tmp_path))
-    report = cuda_source_report(source)
-    assert report.notes == [], report.notes
-    (kernel,) = [k for k in report.kernels if "site_kernel" in k.name]
+    source = _source(tmp_path)
+    assert "__launch_bounds__(320, 3)" in source
+    kernel = _kernel(source)
     assert kernel.registers <= 64 and not kernel.spill_store_bytes, kernel
+
+
+def test_six_blocks_of_128_threads_keeping_64_values_fit_an_sm(tmp_path):
+    # 64 values and 16 registers more a thread: 6 blocks of 128 threads, 80 registers a thread
+    # (the cluster norm writer's count) and nothing spilled, where ptxas left free takes more
+    # and fits 5.
+    problem = one_input_problem(tmp_path, GROUP_NORM, "torch.randn(16, 512, 64, 64), "
+                                "torch.randn(512), torch.randn(512)", "x, w, b")
+    source = write_cuda_compiled(load_site_graph(problem), GROUP_SETTING)
+    assert "__launch_bounds__(128, 6)" in source
+    kernel = _kernel(source)
+    assert kernel.registers <= 80 and not kernel.spill_store_bytes, kernel

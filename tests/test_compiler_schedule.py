@@ -140,7 +140,7 @@ def test_shares_kept_in_registers_are_drafted_at_the_values_a_thread_that_ran_fa
         source = write_cuda_compiled(graph, schedule)
         values = int(re.search(r"float kept0\[(\d+)\];", source).group(1))
         found.setdefault(schedule.cluster_blocks, []).append((threads, values))
-        assert f"blocks of {threads} threads" in why and f"__launch_bounds__({threads})" in source
+        assert f"blocks of {threads} threads" in why and f"__launch_bounds__({threads}, " in source
     assert found == held
 
 

@@ -75,8 +75,10 @@ def compile_module(source: str, options: Sequence[str] = ()) -> Any:
     return _modules[key]
 
 
-# The shared memory of a sm_90 SM, and the most dynamic shared memory a block may opt into.
+# The shared memory and registers of a sm_90 SM, and the most dynamic shared memory a block may
+# opt into.
 SM_SHARED_BYTES = 228 * 1024
+SM_REGISTERS = 64 * 1024
 MAX_DYNAMIC_SHARED = 227 * 1024
 
 

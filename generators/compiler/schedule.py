@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass, replace
 
 from core.profile.roofline import GpuPeaks
-from core.runtime.cuda import MAX_DYNAMIC_SHARED, SM_SHARED_BYTES
+from core.runtime.cuda import MAX_DYNAMIC_SHARED, SM_REGISTERS, SM_SHARED_BYTES
 from generators.compiler.plan import Kernel
 
 # Elements one program holds at once: more and a block spills its registers (a [rows, columns]
@@ -56,6 +56,9 @@ HELD_IN = {"shared": "shared memory", "registers": "registers"}
 # the cluster norm writer ran group norm fastest at 64 and batch norm at 40 on an H200
 # (bench/NOTES.md, eighth round).
 HELD_VALUES = (64, 40)
+# Registers a thread needs beside the values it keeps: the cluster norm writer's group norm
+# kernel keeps 64 in 80 (bench/NOTES.md, round of 2026-12-06 23:20 UTC).
+KERNEL_REGISTERS = 16
 
 
 @dataclass(frozen=True)
@@ -329,6 +332,14 @@ def held_limit(threads: int) -> int:
     """Values a thread may keep in registers: at most 64, and 32 at 1024 threads, so that with
     the kernel's own registers a block stays within an SM's 64 K without spilling."""
     return min(64, 32 * 1024 // threads)
+
+
+def blocks_keeping(threads: int, values: int) -> int:
+    """The blocks an SM a kernel asks ptxas for when each of its `threads` keeps `values` in
+    registers: as many as the SM's 64 K registers hold at `values` and `KERNEL_REGISTERS` more a
+    thread. Without it ptxas may take registers that cost a block an SM (group norm's 8 × 128
+    share: 96 against 80, bench/NOTES.md, round of 2026-12-06 23:20 UTC)."""
+    return max(1, SM_REGISTERS // (threads * (values + KERNEL_REGISTERS)))
 
 
 def _alone(share: int) -> bool:

@@ -9,9 +9,9 @@ written as one vector where an input or output lies along them (`generators.cuda
 Where the rows lie side by side in memory (a reduction over a leading
 dimension), consecutive threads take consecutive rows instead, so that a warp's loads of one
 column are one contiguous run, and a row's lanes, a block's rows apart, fold in shared memory.
-The variance keeps sums shifted by the row's first value. With splits, each reduction level is
-a launch whose blocks store their share's partial results, which the next launch folds, as in
-the Triton backend.
+The variance keeps sums shifted by the row's first value, which give a mean beside it too.
+With splits, each reduction level is a launch whose blocks store their share's partial results,
+which the next launch folds, as in the Triton backend.
 """
 
 from __future__ import annotations
@@ -224,8 +224,16 @@ class CudaKernelWriter(RowFolds):
         for group in spaces.values():
             self.group(group)
 
-    def group(self, group: list[Reduction]) -> None:
-        """Reductions walking one loop, their accumulators filled in one pass."""
+    def group(self, reductions: list[Reduction]) -> None:
+        """Reductions walking one loop, their accumulators filled in one pass. A mean beside a
+        variance of the same values, where the kernel folds the rows itself, is the variance's
+        shift plus its shifted sum over the count: no accumulator, fold or exchange of its own."""
+        means = {} if self.workspaces else {
+            mean.index: var for mean in reductions for var in reductions
+            if mean.node.kind == "mean" and var.node.kind == "var" and mean.online_of is None
+            and mean.node.source is var.node.source and mean.loop == var.loop
+            and mean.coords == var.coords}
+        group = [r for r in reductions if r.index not in means]
         shifts: dict[int, str] = {}
         for reduction in group:
             if reduction.node.kind == "var":
@@ -274,6 +282,10 @@ class CudaKernelWriter(RowFolds):
                 self.store_partials(reduction, slots[reduction.index])
             else:
                 self.finish(reduction, slots[reduction.index])
+        for mean in (r for r in reductions if r.index in means):
+            var = means[mean.index]
+            self.reduced[(id(mean.node), mean.coords)] = self.let(
+                f"{shifts[var.index]} + {slots[var.index]['shifted']} / {float(var.size)!r}f", "r")
 
     def accumulate(self, reduction: Reduction, slot: dict[str, str], shift: str | None) -> None:
         kind = reduction.node.kind
@@ -311,65 +323,6 @@ class CudaKernelWriter(RowFolds):
         else:
             result = slot["total"]
         self.reduced[(id(node), reduction.coords)] = result
-
-    def exchange(self, group: list[Reduction], totals: dict[int, dict[str, str]]) -> None:
-        """Each block's totals of its share of the rows sent to every block of the cluster
-        (the exchange's own barrier counting their bytes in), then, once all have arrived,
-        folded over the blocks in rank order (the same order, so the same result, in every
-        block)."""
-        row = "threadIdx.x % ROWS" if self.rows_apart else "threadIdx.x / LANES"
-        if not self.exchanges:
-            self.line("exchanges_ready();  // every block's barriers are set up")
-        arrived = f"&arrivals[{self.exchanges}]"
-        self.exchanges += 1
-        inboxes: dict[tuple[int, str], str] = {}
-        sends, incoming = [], 0
-        for reduction in group:
-            for each in slots(reduction):
-                inbox = self.name("inbox")
-                inboxes[(reduction.index, each.name)] = inbox
-                self.line(f"__shared__ {c_type(each)} {inbox}[{self.rows_per_block} * CLUSTER];")
-                incoming += self.rows_per_block * self.cluster * each.dtype.itemsize
-                at, value = f"&{inbox}[({row}) * CLUSTER + blockIdx.y]", totals[
-                    reduction.index][each.name]
-                # Every lane holds the totals: a row of CLUSTER lanes or more sends to all the
-                # blocks at once, rather than one lane sending to each in turn.
-                sends.append(f"if (lane < CLUSTER) {{ send_to_block({at}, {value}, {arrived}, "
-                             "lane); }" if self.lanes >= self.cluster else
-                             f"if (lane == 0) {{ send_to_cluster<CLUSTER>({at}, {value}, "
-                             f"{arrived}); }}")
-        self.line(f"expect_bytes({arrived}, {incoming});")
-        for text in sends:
-            self.line(text)
-        self.line(f"wait_for_bytes({arrived});")
-        for reduction in group:
-            slot = totals[reduction.index]
-
-            def sent(name: str, rank: str, index: int = reduction.index) -> str:
-                return f"{inboxes[(index, name)]}[({row}) * CLUSTER + {rank}]"
-
-            for name, total in slot.items():
-                self.line(f"{total} = {sent(name, '0')};")
-            self.line("for (int rank = 1; rank < CLUSTER; ++rank) {")
-            self.fold_in(reduction, slot, lambda name, sent=sent: sent(name, "rank"))
-            self.line("}")
-
-    def store_partials(self, reduction: Reduction, slot: dict[str, str]) -> None:
-        for each in slots(reduction):
-            self.line(f"if (lane == 0 && row_ok) {{ {self.workspace(reduction, each.name)}"
-                      f"[row * {self.splits} + blockIdx.y] = {slot[each.name]}; }}")
-
-    def folded_partials(self, reduction: Reduction) -> dict[str, str]:
-        """The row's partial results of `reduction`, stored by an earlier launch or by the row's
-        blocks before their barrier, folded over the splits in order (the same result in every
-        block); read from L2, which every SM sees, past the SM's own cache."""
-        slot = self.accumulators(reduction)
-        self.line(f"for (int part = lane; part < {self.splits}; part += LANES) {{")
-        self.fold_in(reduction, slot, lambda name: f"__ldcg(&{self.workspace(reduction, name)}"
-                                                   f"[row * {self.splits} + part])")
-        self.line("}")
-        self.fold(reduction, slot)
-        return slot
 
     # The launch.
     def body(self) -> list[str]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from generators.compiler.launches import frame
 from generators.compiler.program import Program
-from generators.compiler.schedule import Schedule, held_limit
+from generators.compiler.schedule import Schedule, blocks_keeping, held_limit
 from generators.compiler.site import program_of
 from generators.cuda.cluster_shares import SHARED_LIMIT
 from generators.cuda.compiled import CudaKernelWriter
@@ -70,8 +70,10 @@ def write_cuda_program(program: Program, schedule: Schedule, ops: str) -> str:
         gridded = gridded or bool(writer.grid)
         cluster = f" __cluster_dims__(1, {writer.cluster}, 1)" if writer.cluster else ""
         # A cooperative launch needs every block resident at once: registers for that many an SM.
+        # Values kept in registers ask for the blocks that fit beside them.
         bounds = (f"{writer.threads}, {launch.schedule.resident_per_sm}" if writer.grid
-                  else str(writer.threads))
+                  else f"{writer.threads}, {blocks_keeping(writer.threads, writer.kept_registers)}"
+                  if writer.kept_registers else str(writer.threads))
         kernels.append(f"__global__ void __launch_bounds__({bounds}){cluster} "
                        f"{launch.name}(\n    {parameters})\n{{\n" + "\n".join(body) + "\n}\n")
         signatures.append((launch.name, "P" * len(launch.arguments), bool(writer.grid)))

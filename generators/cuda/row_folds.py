@@ -22,10 +22,18 @@ def c_type(slot: Slot) -> str:
 
 class RowFolds(WalkValues):
     """The folds of a kernel writer whose rows' lanes are consecutive threads, or, with
-    `rows_apart`, a block's rows apart; `fold_slots`: the `fold_space` the folds take."""
+    `rows_apart`, a block's rows apart; `fold_slots`: the `fold_space` the folds take. A row
+    shared by a `cluster` of blocks exchanges its totals (`exchanges` so far); one split over
+    `splits` blocks stores them in workspaces (the writer's `workspace` and `accumulators`)."""
 
     rows_apart: bool
     fold_slots: int
+    lanes: int
+    cluster: int
+    splits: int
+    exchanges: int
+    accumulators: Callable[[Reduction], dict[str, str]]
+    workspace: Callable[[Reduction, str], str]
 
     def fold_group(self, group: list[Reduction], totals: dict[int, dict[str, str]]) -> None:
         """The group's accumulators folded into the rows' totals: those of one type and fold
@@ -81,3 +89,62 @@ class RowFolds(WalkValues):
             return
         for name, total in slot.items():
             self.line(f"    {total} = {FUNCTOR[kind]}()({total}, {partial(name)});")
+
+    def exchange(self, group: list[Reduction], totals: dict[int, dict[str, str]]) -> None:
+        """Each block's totals of its share of the rows sent to every block of the cluster
+        (the exchange's own barrier counting their bytes in), then, once all have arrived,
+        folded over the blocks in rank order (the same order, so the same result, in every
+        block)."""
+        row = "threadIdx.x % ROWS" if self.rows_apart else "threadIdx.x / LANES"
+        if not self.exchanges:
+            self.line("exchanges_ready();  // every block's barriers are set up")
+        arrived = f"&arrivals[{self.exchanges}]"
+        self.exchanges += 1
+        inboxes: dict[tuple[int, str], str] = {}
+        sends, incoming = [], 0
+        for reduction in group:
+            for each in slots(reduction):
+                inbox = self.name("inbox")
+                inboxes[(reduction.index, each.name)] = inbox
+                self.line(f"__shared__ {c_type(each)} {inbox}[{self.rows_per_block} * CLUSTER];")
+                incoming += self.rows_per_block * self.cluster * each.dtype.itemsize
+                at, value = f"&{inbox}[({row}) * CLUSTER + blockIdx.y]", totals[
+                    reduction.index][each.name]
+                # Every lane holds the totals: a row of CLUSTER lanes or more sends to all the
+                # blocks at once, rather than one lane sending to each in turn.
+                sends.append(f"if (lane < CLUSTER) {{ send_to_block({at}, {value}, {arrived}, "
+                             "lane); }" if self.lanes >= self.cluster else
+                             f"if (lane == 0) {{ send_to_cluster<CLUSTER>({at}, {value}, "
+                             f"{arrived}); }}")
+        self.line(f"expect_bytes({arrived}, {incoming});")
+        for text in sends:
+            self.line(text)
+        self.line(f"wait_for_bytes({arrived});")
+        for reduction in group:
+            slot = totals[reduction.index]
+
+            def sent(name: str, rank: str, index: int = reduction.index) -> str:
+                return f"{inboxes[(index, name)]}[({row}) * CLUSTER + {rank}]"
+
+            for name, total in slot.items():
+                self.line(f"{total} = {sent(name, '0')};")
+            self.line("for (int rank = 1; rank < CLUSTER; ++rank) {")
+            self.fold_in(reduction, slot, lambda name, sent=sent: sent(name, "rank"))
+            self.line("}")
+
+    def store_partials(self, reduction: Reduction, slot: dict[str, str]) -> None:
+        for each in slots(reduction):
+            self.line(f"if (lane == 0 && row_ok) {{ {self.workspace(reduction, each.name)}"
+                      f"[row * {self.splits} + blockIdx.y] = {slot[each.name]}; }}")
+
+    def folded_partials(self, reduction: Reduction) -> dict[str, str]:
+        """The row's partial results of `reduction`, stored by an earlier launch or by the row's
+        blocks before their barrier, folded over the splits in order (the same result in every
+        block); read from L2, which every SM sees, past the SM's own cache."""
+        slot = self.accumulators(reduction)
+        self.line(f"for (int part = lane; part < {self.splits}; part += LANES) {{")
+        self.fold_in(reduction, slot, lambda name: f"__ldcg(&{self.workspace(reduction, name)}"
+                                                   f"[row * {self.splits} + part])")
+        self.line("}")
+        self.fold(reduction, slot)
+        return slot
