@@ -224,3 +224,21 @@ def test_settings_a_kernel_cannot_take_write_the_source_without_them(tmp_path):
     norm = one_input_problem(tmp_path, NORM, "torch.randn(64, 300)")
     kept = write_cuda_compiled(load_site_graph(norm), Schedule(keep_row=True))
     assert "kept in shared memory" in kept.split("\n")[0] and "kept[" in kept
+
+
+@pytest.mark.parametrize(("body", "shape", "first"), [
+    # 256 channels of 32 rows side by side: one read of a [32, 256] tile, one write.
+    ("torch.softmax(x, dim=1)", "(32, 256, 64, 64)", Schedule(32, 256, 8)),
+    ("torch.var(x, dim=0)", "(64, 4096)", Schedule(64, 64, 8)),
+    # Rows of 2048 side by side: 16 of them would pass the tile, so they are walked.
+    ("x.sum(dim=1)", "(64, 2048, 512)", None),
+])
+def test_short_rows_side_by_side_are_first_held_whole(tmp_path, body, shape, first):
+    graph = load_site_graph(one_input_problem(tmp_path, body, f"torch.randn{shape}"))
+    (schedule, why), *_ = drafts(main_kernel(program_of(graph)))
+    if first is None:
+        assert not why.startswith("persistent"), why
+        return
+    assert schedule == first and why.startswith("persistent rows side by side"), why
+    kernel = write_compiled(graph, schedule)
+    assert "acc" in kernel and kernel.count("tl.load(in0") == 1, kernel

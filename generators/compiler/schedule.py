@@ -42,6 +42,11 @@ MAX_TILE = 16384
 MAX_PERSISTENT_COLUMNS = 16384
 # Elements a persistent program with short rows holds (8 warps, 16 values a thread).
 ROWS_TILE = 4096
+# Rows side by side held whole take tiles of up to SIDE_TILE values, at least MIN_SIDE_ROWS rows
+# (64 bytes of a column a warp's load): the dimension softmax writer's tile, 95 % of the byte floor
+# over channels (bench/NOTES.md, the rules generator's second table).
+SIDE_TILE = 8192
+MIN_SIDE_ROWS = 16
 # Fewer rows than this leave an H200's 132 SMs idle unless their loops are split; a loop this
 # long is worth a launch of its own per reduction level.
 FEW_ROWS = 512
@@ -191,10 +196,19 @@ def drafts(kernel: Kernel) -> list[tuple[Schedule, str]]:
         return looped
     # The innermost dimension is a row one: a program takes many rows, side by side in memory.
     columns = min(_pow2(loop), 64)
-    return [(Schedule(64, max(1, min(columns, 32)), 4),
+    side = [(Schedule(64, max(1, min(columns, 32)), 4),
              "rows side by side: 64 rows a program read along memory, 32 columns a step"),
             (Schedule(128, max(1, min(columns, 16)), 8),
              "rows side by side: 128 rows a program, 16 columns a step, 8 warps")]
+    whole = _pow2(loop)
+    if whole * MIN_SIDE_ROWS <= SIDE_TILE:
+        # Short rows side by side (a softmax over channels) held whole: read once, not once a
+        # walk (bench/NOTES.md, 2026-12-06, 23:20 UTC: softmax over dim 1 of 32 × 256 × 64²).
+        block_rows = min(64, SIDE_TILE // whole)
+        side.insert(0, (Schedule(block_rows, whole, 8),
+                        f"persistent rows side by side: each row's {loop} values in registers, "
+                        f"{block_rows} rows a program read along memory"))
+    return side
 
 
 # Blocks of a cluster that share a row, and the warps of each: 8 blocks (the most sm_90 takes
