@@ -61,6 +61,15 @@ class Reduction:
         return self.node.source_coords(list(self.coords), [Expr.of(s) for s in self.loop])
 
 
+def variance_means(reductions: list[Reduction]) -> dict[int, Reduction]:
+    """Means beside a variance of the same values over the same loop (a norm's `var_mean`), by
+    index, each with that variance: its shifted sum gives the mean too (shift + sum / count)."""
+    return {mean.index: var for mean in reductions for var in reductions
+            if mean.node.kind == "mean" and var.node.kind == "var" and mean.online_of is None
+            and mean.node.source is var.node.source and mean.loop == var.loop
+            and mean.coords == var.coords}
+
+
 @dataclass
 class Kernel:
     graph: Graph

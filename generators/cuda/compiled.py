@@ -28,7 +28,7 @@ from generators.compiler.launches import (
     split_launches,
     workspace_slots,
 )
-from generators.compiler.plan import Kernel, Reduction
+from generators.compiler.plan import Kernel, Reduction, variance_means
 from generators.compiler.schedule import Schedule
 from generators.cuda.row_folds import FUNCTOR, RowFolds, c_type
 from generators.cuda.values import element_type, without_unused
@@ -228,11 +228,7 @@ class CudaKernelWriter(RowFolds):
         """Reductions walking one loop, their accumulators filled in one pass. A mean beside a
         variance of the same values, where the kernel folds the rows itself, is the variance's
         shift plus its shifted sum over the count: no accumulator, fold or exchange of its own."""
-        means = {} if self.workspaces else {
-            mean.index: var for mean in reductions for var in reductions
-            if mean.node.kind == "mean" and var.node.kind == "var" and mean.online_of is None
-            and mean.node.source is var.node.source and mean.loop == var.loop
-            and mean.coords == var.coords}
+        means = {} if self.workspaces else variance_means(reductions)
         group = [r for r in reductions if r.index not in means]
         shifts: dict[int, str] = {}
         for reduction in group:

@@ -4,9 +4,9 @@ the `ModelNew` that launches them.
 Reductions of one level over one loop share that loop (a norm's mean and variance read each value
 once). A persistent kernel reduces whole tiles; a looped one keeps one accumulator a lane and
 folds the lanes after the loop; the variance then takes sums shifted by the loop's first value,
-which keeps it exact without a second pass. With splits (`Schedule.splits`), each reduction level
-is a launch whose programs store their share's partial results, and the next launch combines
-them; the last one stores the outputs.
+which keeps it exact without a second pass and gives a mean beside it too. With splits
+(`Schedule.splits`), each reduction level is a launch whose programs store their share's partial
+results, and the next launch combines them; the last one stores the outputs.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from generators.compiler.launches import (
     split_launches,
     workspace_slots,
 )
-from generators.compiler.plan import Kernel, Reduction
+from generators.compiler.plan import Kernel, Reduction, variance_means
 from generators.compiler.schedule import Schedule
 from generators.triton.expressions import tl_dtype
 from generators.triton.values import ValueWriter
@@ -98,8 +98,12 @@ class KernelWriter(ValueWriter):
         for group in spaces.values():
             self.group(group)
 
-    def group(self, group: list[Reduction]) -> None:
-        """The accumulators of reductions walking one loop, filled in one pass."""
+    def group(self, reductions: list[Reduction]) -> None:
+        """The accumulators of reductions walking one loop, filled in one pass. A mean beside a
+        variance of the same values, in a looped kernel that folds its rows itself, is the
+        variance's shift plus its shifted sum over the count: no accumulator of its own."""
+        means = {} if self.persistent or self.splits > 1 else variance_means(reductions)
+        group = [r for r in reductions if r.index not in means]
         accumulators: dict[Slot, str] = {}
         shifts: dict[int, str] = {}
         for reduction in group:
@@ -120,12 +124,18 @@ class KernelWriter(ValueWriter):
                 self.accumulate(reduction, value, accumulators, shifts.get(reduction.index))
 
         self.columns(group[0].size, list(group[0].loop), body)
+        shifted = {}
         for reduction in group:
             totals = self.fold(reduction, {s.name: accumulators[s] for s in slots(reduction)})
+            shifted[reduction.index] = totals.get("shifted")
             if self.splits > 1:
                 self.store_partials(reduction, totals)
             else:
                 self.finish(reduction, totals)
+        for mean in (r for r in reductions if r.index in means):
+            var = means[mean.index]
+            self.reduced[(id(mean.node), mean.coords)] = self.let(
+                f"{shifts[var.index]} + {shifted[var.index]} / {float(var.size)!r}", "r")
 
     def accumulate(self, reduction: Reduction, value: str, acc: dict[Slot, str],
                    shift: str | None) -> None:
