@@ -69,11 +69,13 @@ def write_cuda_program(program: Program, schedule: Schedule, ops: str) -> str:
         clustered = clustered or bool(writer.cluster)
         gridded = gridded or bool(writer.grid)
         cluster = f" __cluster_dims__(1, {writer.cluster}, 1)" if writer.cluster else ""
-        # A cooperative launch needs every block resident at once: registers for that many an SM.
-        # Values kept in registers ask for the blocks that fit beside them.
-        bounds = (f"{writer.threads}, {launch.schedule.resident_per_sm}" if writer.grid
-                  else f"{writer.threads}, {blocks_keeping(writer.threads, writer.kept_registers)}"
-                  if writer.kept_registers else str(writer.threads))
+        bounds = str(writer.threads)
+        if writer.grid:
+            # A cooperative launch needs every block resident at once: registers for that many.
+            bounds += f", {launch.schedule.resident_per_sm}"
+        elif writer.kept_registers:
+            # Values kept in registers ask for the blocks an SM that fit beside them.
+            bounds += f", {blocks_keeping(writer.threads, writer.kept_registers)}"
         kernels.append(f"__global__ void __launch_bounds__({bounds}){cluster} "
                        f"{launch.name}(\n    {parameters})\n{{\n" + "\n".join(body) + "\n}\n")
         signatures.append((launch.name, "P" * len(launch.arguments), bool(writer.grid)))

@@ -124,10 +124,10 @@ class KernelWriter(ValueWriter):
                 self.accumulate(reduction, value, accumulators, shifts.get(reduction.index))
 
         self.columns(group[0].size, list(group[0].loop), body)
-        shifted = {}
+        folded: dict[int, dict[str, str]] = {}
         for reduction in group:
             totals = self.fold(reduction, {s.name: accumulators[s] for s in slots(reduction)})
-            shifted[reduction.index] = totals.get("shifted")
+            folded[reduction.index] = totals
             if self.splits > 1:
                 self.store_partials(reduction, totals)
             else:
@@ -135,7 +135,8 @@ class KernelWriter(ValueWriter):
         for mean in (r for r in reductions if r.index in means):
             var = means[mean.index]
             self.reduced[(id(mean.node), mean.coords)] = self.let(
-                f"{shifts[var.index]} + {shifted[var.index]} / {float(var.size)!r}", "r")
+                f"{shifts[var.index]} + {folded[var.index]['shifted']} / {float(var.size)!r}",
+                "r")
 
     def accumulate(self, reduction: Reduction, value: str, acc: dict[Slot, str],
                    shift: str | None) -> None:
