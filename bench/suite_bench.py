@@ -15,8 +15,10 @@ other runs, so run whole models with `--parallel 1` for figures to keep.
 The table gives, per entry: whether the installed model passed the end-to-end check, its time
 (each the median of the end-to-end check's rounds timed in turns, with the widest range of one
 model's rounds) against eager, against torch.compile and against the faster of the two,
-Amdahl's prediction, the time spent, the candidates tried and the tiers of the installed kernels;
-then the geometric means over the suite. The table is printed and written to `DIR/suite.md` as each
+the model's floor (its sites' roofline floors summed, on the GPU the run's floors are
+against) with the faster baseline over it (the most any kernels could give), Amdahl's
+prediction, the time spent, the candidates tried and the tiers of the installed kernels; then
+the geometric means over the suite. The table is printed and written to `DIR/suite.md` as each
 entry finishes, so an interrupted run keeps what it measured; each entry's JSON report and
 log are kept beside it, in `DIR/<entry>/`.
 """
@@ -53,10 +55,16 @@ class Outcome:
     tiers: str
     note: str
     spread_ms: float = math.nan  # the widest range of one model's end-to-end rounds
+    floor_ms: float = math.nan  # the roofline floors of the model's sites, summed
 
     @property
     def vs_best(self) -> float:
         return min(self.eager_ms, self.compile_ms) / self.optimized_ms
+
+    @property
+    def headroom(self) -> float:
+        """The faster baseline over the model's floor: the most any kernels could give."""
+        return min(self.eager_ms, self.compile_ms) / self.floor_ms
 
 
 def command(item: SuiteEntry, args: argparse.Namespace, extra: list[str]) -> list[str]:
@@ -94,10 +102,12 @@ def outcome_of(name: str, dtype: str, report: dict, minutes: float) -> Outcome:
     """One row of the table, for the entry `name`, from an optimize run's JSON report."""
     e2e = report["e2e"]
     tried = sum(s["evaluations"] for s in report["searched"])
+    floor_ms = sum(s["floor_ms"] for s in report.get("sites", [])) or math.nan
     if not e2e or e2e.get("error"):
         why = (e2e or {}).get("error") or report.get("failure") or "no end-to-end check"
         return Outcome(name, dtype, None, math.nan, math.nan, math.nan, math.nan,
-                       minutes, tried, "-", f"end to end not done: {why[:120]}")
+                       minutes, tried, "-", f"end to end not done: {why[:120]}",
+                       floor_ms=floor_ms)
     best = {s["id"]: s["best"]["tier"] for s in report["searched"]}
     tiers = ", ".join(sorted({best[key] for key in e2e["installed"] if key in best})) or "torch"
     note = "; ".join(f"{key} out: {why[:80]}" for key, why in e2e["removed"].items())
@@ -105,7 +115,7 @@ def outcome_of(name: str, dtype: str, report: dict, minutes: float) -> Outcome:
         note = f"{e2e['reason'][:160]}; {note}"
     return Outcome(name, dtype, e2e["correct"], e2e["eager_ms"], e2e["compile_ms"],
                    e2e["optimized_ms"], e2e["predicted_speedup"], minutes, tried, tiers, note,
-                   e2e.get("spread_ms", math.nan))
+                   e2e.get("spread_ms", math.nan), floor_ms)
 
 
 def geomean(values: list[float]) -> float:
@@ -115,20 +125,24 @@ def geomean(values: list[float]) -> float:
 
 def table(outcomes: list[Outcome]) -> str:
     lines = ["| entry | dtype | e2e check | eager ms | compile ms | Kiln ms | spread ms "
-             "| vs eager | vs compile | vs faster | predicted vs eager | minutes | tried "
-             "| installed tiers | note |", "|" + " --- |" * 15]
+             "| vs eager | vs compile | vs faster | floor ms | faster / floor "
+             "| predicted vs eager | minutes | tried | installed tiers | note |",
+             "|" + " --- |" * 17]
     for o in outcomes:
         check = {True: "correct", False: "WRONG", None: "failed"}[o.correct]
         lines.append(
             f"| {o.name} | {o.dtype} | {check} | {o.eager_ms:.4f} | {o.compile_ms:.4f} "
             f"| {o.optimized_ms:.4f} | {o.spread_ms:.4f} | {o.eager_ms / o.optimized_ms:.2f}x "
-            f"| {o.compile_ms / o.optimized_ms:.2f}x | {o.vs_best:.2f}x | {o.predicted:.2f}x "
+            f"| {o.compile_ms / o.optimized_ms:.2f}x | {o.vs_best:.2f}x | {o.floor_ms:.4f} "
+            f"| {o.headroom:.2f}x | {o.predicted:.2f}x "
             f"| {o.minutes:.1f} | {o.tried} | {o.tiers} | {o.note} |")
     done = [o for o in outcomes if o.correct is not None]
     lines += ["", f"Geometric mean over {len(done)} entries: "
               f"{geomean([o.eager_ms / o.optimized_ms for o in done]):.3f}x vs eager, "
               f"{geomean([o.compile_ms / o.optimized_ms for o in done]):.3f}x vs torch.compile, "
-              f"{geomean([o.vs_best for o in done]):.3f}x vs the faster of the two."]
+              f"{geomean([o.vs_best for o in done]):.3f}x vs the faster of the two; the "
+              f"faster over the floor {geomean([o.headroom for o in done]):.3f}x (the most "
+              "any kernels could give)."]
     return "\n".join(lines)
 
 
