@@ -242,3 +242,21 @@ def test_short_rows_side_by_side_are_first_held_whole(tmp_path, body, shape, fir
     assert schedule == first and why.startswith("persistent rows side by side"), why
     kernel = write_compiled(graph, schedule)
     assert "acc" in kernel and kernel.count("tl.load(in0") == 1, kernel
+
+
+@pytest.mark.parametrize(("body", "shape", "splits"), [
+    # 8192 columns side by side: 128 or 64 blocks of rows, too few for 132 SMs, four a SM.
+    ("torch.amax(x, dim=0)", "(8192, 8192)", (5, 9)),
+    # 128 × 4095 columns: thousands of blocks of rows fill the GPU unsplit.
+    ("x.mean(dim=1)", "(128, 4096, 4095)", (1, 1)),
+])
+def test_rows_side_by_side_too_few_to_fill_the_gpu_split_their_loops(tmp_path, body, shape,
+                                                                     splits):
+    graph = load_site_graph(one_input_problem(tmp_path, body, f"torch.randn{shape}"))
+    kernel = main_kernel(program_of(graph))
+    walked = [(s, why) for s, why in drafts(kernel) if why.startswith("rows side by side")]
+    assert tuple(s.splits for s, _ in walked) == splits
+    for schedule, why in walked:
+        blocks = -(-kernel.row_count // schedule.block_rows)
+        assert (schedule.splits == 1) == (blocks >= 4 * 132), why
+        assert (schedule.splits > 1) == ("to fill the GPU" in why), why

@@ -51,6 +51,11 @@ MIN_SIDE_ROWS = 16
 # long is worth a launch of its own per reduction level.
 FEW_ROWS = 512
 SPLIT_LOOP = 1 << 16
+# Programs an SM that a launch of rows side by side aims for, splitting its rows' loops when its
+# blocks of rows are fewer: the dimension reduction writer's grid, whose amax over the first
+# dimension of an 8192² matrix led the compiler's unsplit 64 blocks (bench/NOTES.md, 2026-12-06,
+# 23:20 UTC).
+FILL_PER_SM = 4
 # The most programs a launch's second grid dimension takes (CUDA's limit on gridDim.y): past
 # it, each program walks several blocks of its row's columns.
 MAX_SPLITS = 65535
@@ -200,6 +205,7 @@ def drafts(kernel: Kernel) -> list[tuple[Schedule, str]]:
              "rows side by side: 64 rows a program read along memory, 32 columns a step"),
             (Schedule(128, max(1, min(columns, 16)), 8),
              "rows side by side: 128 rows a program, 16 columns a step, 8 warps")]
+    side = [_filling(kernel, schedule, why) for schedule, why in side]
     whole = _pow2(loop)
     if whole * MIN_SIDE_ROWS <= SIDE_TILE:
         # Short rows side by side (a softmax over channels) held whole: read once, not once a
@@ -209,6 +215,20 @@ def drafts(kernel: Kernel) -> list[tuple[Schedule, str]]:
                         f"persistent rows side by side: each row's {loop} values in registers, "
                         f"{block_rows} rows a program read along memory"))
     return side
+
+
+def _filling(kernel: Kernel, schedule: Schedule, why: str) -> tuple[Schedule, str]:
+    """`schedule` with its rows' loops split where its blocks of rows leave the GPU's SMs with
+    fewer than FILL_PER_SM programs each (an amax over the first dimension of a square matrix:
+    64 blocks of 128 columns), each split at least a block of columns long."""
+    programs = -(-kernel.row_count // schedule.block_rows)
+    wanted = -(-FILL_PER_SM * GpuPeaks().sms // programs)
+    splits = min(wanted, kernel.longest_loop // schedule.block_columns)
+    if splits < 2:
+        return schedule, why
+    return (replace(schedule, splits=splits),
+            f"{why}; {programs} blocks of rows, so each row's loops split over {splits} "
+            "programs to fill the GPU")
 
 
 # Blocks of a cluster that share a row, and the warps of each: 8 blocks (the most sm_90 takes
