@@ -245,12 +245,18 @@ def test_short_rows_side_by_side_are_first_held_whole(tmp_path, body, shape, fir
 
 
 @pytest.mark.parametrize(("body", "shape", "splits"), [
-    # 8192 columns side by side: 128 or 64 blocks of rows, too few for 132 SMs, four a SM.
-    ("torch.amax(x, dim=0)", "(8192, 8192)", (5, 9)),
+    # 8192 columns side by side: 128, 64 or 256 (the tall draft's) blocks of rows, fewer than two
+    # for each of 132 SMs: split for four.
+    ("torch.amax(x, dim=0)", "(8192, 8192)", (5, 9, 3)),
+    # 32768 columns: the 64-row draft's 512 blocks (3.9 an SM) and the tall draft's 1024 fill
+    # the GPU; the 128-row draft's 256 do not.
+    ("x.sum(dim=1)", "(64, 2048, 512)", (1, 3, 1)),
     # 128 × 4095 columns: thousands of blocks of rows fill the GPU unsplit.
-    ("x.mean(dim=1)", "(128, 4096, 4095)", (1, 1)),
+    ("x.mean(dim=1)", "(128, 4096, 4095)", (1, 1, 1)),
+    # Rows of 256 are no longer than the tall draft's step: no tall draft.
+    ("torch.softmax(x, dim=1)", "(32, 256, 64, 64)", (1, 1)),
 ])
-def test_rows_side_by_side_too_few_to_fill_the_gpu_split_their_loops(tmp_path, body, shape,
+def test_rows_side_by_side_are_walked_tall_and_split_to_fill_the_gpu(tmp_path, body, shape,
                                                                      splits):
     graph = load_site_graph(one_input_problem(tmp_path, body, f"torch.randn{shape}"))
     kernel = main_kernel(program_of(graph))
@@ -258,5 +264,7 @@ def test_rows_side_by_side_too_few_to_fill_the_gpu_split_their_loops(tmp_path, b
     assert tuple(s.splits for s, _ in walked) == splits
     for schedule, why in walked:
         blocks = -(-kernel.row_count // schedule.block_rows)
-        assert (schedule.splits == 1) == (blocks >= 4 * 132), why
+        assert (schedule.splits == 1) == (blocks >= 2 * 132), why
         assert (schedule.splits > 1) == ("to fill the GPU" in why), why
+    tall = [s for s, why in walked if ", tall:" in why]
+    assert [(s.block_rows, s.block_columns) for s in tall] == [(32, 256)] * (len(splits) == 3)

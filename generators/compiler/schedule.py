@@ -43,19 +43,23 @@ MAX_PERSISTENT_COLUMNS = 16384
 # Elements a persistent program with short rows holds (8 warps, 16 values a thread).
 ROWS_TILE = 4096
 # Rows side by side held whole take tiles of up to SIDE_TILE values, at least MIN_SIDE_ROWS rows
-# (64 bytes of a column a warp's load): the dimension softmax writer's tile, 95 % of the byte floor
-# over channels (bench/NOTES.md, the rules generator's second table).
+# (64 bytes of a column a warp's load): the tile that ran a softmax over channels at 95 % of the
+# byte floor (bench/NOTES.md, the rules generator's second table).
 SIDE_TILE = 8192
 MIN_SIDE_ROWS = 16
 # Fewer rows than this leave an H200's 132 SMs idle unless their loops are split; a loop this
 # long is worth a launch of its own per reduction level.
 FEW_ROWS = 512
 SPLIT_LOOP = 1 << 16
-# Programs an SM that a launch of rows side by side aims for, splitting its rows' loops when its
-# blocks of rows are fewer: the dimension reduction writer's grid, whose amax over the first
-# dimension of an 8192² matrix led the compiler's unsplit 64 blocks (bench/NOTES.md, 2026-12-06,
-# 23:20 UTC).
+# A launch of rows side by side whose blocks of rows give the SMs fewer programs than
+# SPLIT_BELOW_PER_SM each splits its rows' loops, for FILL_PER_SM an SM: an amax over the first
+# dimension of an 8192² matrix so split came level with the best kernel there, 7 % behind unsplit
+# in 64 or 128 blocks; a sum over dim 1 in 512 blocks (3.9 an SM) ran 4 % slower split than not
+# (bench/NOTES.md, 2026-12-06, 23:20 UTC, and 2026-12-07, 01:53 UTC).
+SPLIT_BELOW_PER_SM = 2
 FILL_PER_SM = 4
+# Columns a step of the tall draft for rows side by side, on rows longer than that.
+TALL_COLUMNS = 256
 # The most programs a launch's second grid dimension takes (CUDA's limit on gridDim.y): past
 # it, each program walks several blocks of its row's columns.
 MAX_SPLITS = 65535
@@ -205,6 +209,13 @@ def drafts(kernel: Kernel) -> list[tuple[Schedule, str]]:
              "rows side by side: 64 rows a program read along memory, 32 columns a step"),
             (Schedule(128, max(1, min(columns, 16)), 8),
              "rows side by side: 128 rows a program, 16 columns a step, 8 warps")]
+    if loop > TALL_COLUMNS:
+        # Tall tiles: the fastest of a 36-setting ladder over a sum over dim 1 on an H200, and
+        # the winner of a mean over dim 1 of 128 × 4096 × 4095 on an H100 (bench/NOTES.md,
+        # sixth round; 2026-12-07, 01:53 UTC).
+        side.append((Schedule(32, TALL_COLUMNS, 4),
+                     f"rows side by side, tall: 32 rows a program (a 128-byte line of fp32), "
+                     f"{TALL_COLUMNS} columns a step, 64 loads in flight a thread"))
     side = [_filling(kernel, schedule, why) for schedule, why in side]
     whole = _pow2(loop)
     if whole * MIN_SIDE_ROWS <= SIDE_TILE:
@@ -219,12 +230,13 @@ def drafts(kernel: Kernel) -> list[tuple[Schedule, str]]:
 
 def _filling(kernel: Kernel, schedule: Schedule, why: str) -> tuple[Schedule, str]:
     """`schedule` with its rows' loops split where its blocks of rows leave the GPU's SMs with
-    fewer than FILL_PER_SM programs each (an amax over the first dimension of a square matrix:
-    64 blocks of 128 columns), each split at least a block of columns long."""
+    fewer than SPLIT_BELOW_PER_SM programs each (an amax over the first dimension of a square
+    matrix: 64 blocks of 128 columns), for FILL_PER_SM each, each split at least a block of
+    columns long."""
     programs = -(-kernel.row_count // schedule.block_rows)
-    wanted = -(-FILL_PER_SM * GpuPeaks().sms // programs)
-    splits = min(wanted, kernel.longest_loop // schedule.block_columns)
-    if splits < 2:
+    sms = GpuPeaks().sms
+    splits = min(-(-FILL_PER_SM * sms // programs), kernel.longest_loop // schedule.block_columns)
+    if programs >= SPLIT_BELOW_PER_SM * sms or splits < 2:
         return schedule, why
     return (replace(schedule, splits=splits),
             f"{why}; {programs} blocks of rows, so each row's loops split over {splits} "
