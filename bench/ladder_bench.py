@@ -19,7 +19,8 @@ setting judged by the evaluator and timed against eager, torch.compile and the f
   registers, or read again;
 - matmul: linear + GELU 4096³ bf16 over tile shapes, warps, stages and GROUP_M;
 - pointwise: bias + GELU 8192² bf16 over block sizes and warps;
-- dims: sum over dim 1 of 64×2048×512 fp32 over tile shapes, warps and split reductions.
+- dims: sum over dim 1 of 64×2048×512 fp32, the compiler's rows side by side over tile
+  shapes, warps and split loops.
 
 Sites and floors are those of `bench/rules_generator_bench.py`, and the long rows' own. Prints
 one table per site, fastest first; a rejected setting shows the evaluator's reason.
@@ -48,7 +49,6 @@ from generators.cuda.cluster_shares import ClusterNormConfig  # noqa: E402
 from generators.cuda.program import write_cuda_compiled  # noqa: E402
 from generators.rules import WRITERS  # noqa: E402
 from generators.site_graph import SiteGraph, Unsupported, load_site_graph  # noqa: E402
-from generators.triton.dim_reduction import AUTO_SPLIT, DimConfig, write_dim_reduction  # noqa: E402
 from generators.triton.matmul import MatmulConfig, write_triton_matmul  # noqa: E402
 from generators.triton.pointwise import PointwiseConfig, write_pointwise  # noqa: E402
 from generators.triton.program import write_compiled  # noqa: E402
@@ -165,10 +165,12 @@ def pointwise_settings(graph: SiteGraph) -> list[tuple[str, str]]:
 
 
 def dim_settings(graph: SiteGraph) -> list[tuple[str, str]]:
-    configs = [DimConfig(block_r, block_i, warps, split) for block_r in (64, 128, 256)
-               for block_i in (16, 32, 64) for warps in (4, 8) for split in (1, AUTO_SPLIT)
-               if block_r * block_i <= 8192]
-    return [(config.describe(), write_dim_reduction(graph, config)) for config in configs]
+    """The compiler's rows side by side: rows a program (along memory), columns a step (along
+    the reduced dimension), warps, and splits of each row's loop."""
+    schedules = [Schedule(rows, columns, warps, splits) for rows in (16, 32, 64, 128)
+                 for columns in (16, 64, 256) for warps in (4, 8) for splits in (1, 4)
+                 if rows * columns <= 8192]
+    return [(schedule.describe(), write_compiled(graph, schedule)) for schedule in schedules]
 
 
 LADDERS = [

@@ -8,7 +8,7 @@ already proposed for the site are skipped, so every child is distinct.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -25,20 +25,10 @@ from generators.cuda.pointwise import CudaPointwiseConfig, write_cuda_pointwise
 from generators.cuda.program import write_cuda_compiled
 from generators.cuda.row_reduction import CudaReductionConfig, write_cuda_reduction
 from generators.mutations import diagnosed_neighbours
-from generators.site_graph import Ref, SiteGraph, Unsupported, load_site_graph
+from generators.site_graph import SiteGraph, Unsupported, load_site_graph
 from generators.triton.attention import AttentionConfig, attention_drafts, write_attention
 from generators.triton.batch_norm import BatchNormConfig, write_batch_norm
 from generators.triton.conv import write_conv_epilogue
-from generators.triton.dim_reduction import (
-    AUTO_SPLIT,
-    FOLDS,
-    H200_SMS,
-    DimConfig,
-    folded_dim,
-    split_for,
-    write_dim_reduction,
-)
-from generators.triton.dim_softmax import SOFTMAXES, DimSoftmaxConfig, write_dim_softmax
 from generators.triton.group_norm import GroupNormConfig, write_group_norm
 from generators.triton.matmul import MatmulConfig, write_triton_matmul
 from generators.triton.pointwise import PointwiseConfig, write_pointwise
@@ -161,68 +151,6 @@ def _matmul_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
     return drafts
 
 
-def _folded(graph: SiteGraph, names: Collection[str]) -> tuple[tuple[int, ...], int] | None:
-    """The input shape and dimension of the site's one op named in `names`, when that op
-    folds a dimension other than the last; None otherwise (the writer will say why)."""
-    found = [op for op in graph.ops if op.name in names]
-    if len(found) != 1 or not isinstance(found[0].args[0], Ref):
-        return None
-    shape = graph.info(found[0].args[0]).shape
-    try:
-        return shape, folded_dim(found[0], len(shape))
-    except Unsupported:
-        return None
-
-
-def _dim_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
-    drafts: list[tuple[object, str]] = []
-    if (folded := _folded(graph, FOLDS)) is not None:
-        shape, dim = folded
-        split = split_for(shape, dim, DimConfig(split=AUTO_SPLIT))
-        drafts.append((DimConfig(split=AUTO_SPLIT),
-                       f"the {shape[dim]} reduced rows split {split} ways (on {H200_SMS} SMs) "
-                       "for about 4 programs per SM, fp32 partials folded in order"))
-    return drafts + [
-        (DimConfig(), "16 reduced rows × 128 inner columns per step, coalesced on the inner, "
-                      "one program per column tile"),
-        (DimConfig(block_r=32, block_i=256, num_warps=8, split=AUTO_SPLIT),
-         "larger tiles: more bytes in flight per program, reduced rows split for about 4 "
-         "programs per SM"),
-        # Sum over dim 1 of 64×2048×512 fp32 on an H200: the fastest of a 36-setting ladder,
-        # near the byte floor, ahead of 128 × 32 and well ahead of 64 × 64 tiles
-        # (bench/NOTES.md, sixth round).
-        (DimConfig(block_r=256, block_i=32, num_warps=4, split=AUTO_SPLIT),
-         "tall tiles of 256 reduced rows × 32 columns (a 128-byte line each in fp32): 64 loads "
-         "in flight a thread, reduced rows split for about 4 programs per SM")]
-
-
-def _dim_softmax_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
-    folded = _folded(graph, SOFTMAXES)
-    reduced = folded[0][folded[1]] if folded is not None else 1
-    rows = 1 << max(reduced - 1, 0).bit_length()  # BLOCK_R when the extent fits one tile
-    drafts: list[tuple[object, str]] = [(
-        DimSoftmaxConfig(),
-        f"{reduced} reduced rows in one tile of up to 8192 (one read, one write)"
-        if rows * 32 <= 8192 else
-        f"{reduced} reduced rows: online max and sum over tiles of 8192, then a write pass")]
-    # Up to 16384-element tiles at 16 warps keep 32 fp32 values per thread per live tile.
-    if rows * 32 > 8192 and rows * 32 <= 16384:
-        drafts.append((DimSoftmaxConfig(tile=16384, num_warps=16),
-                       f"{reduced} reduced rows × 32 columns in one 16384-element tile, 16 warps: "
-                       "one read instead of two"))
-    if rows * 64 <= 16384:
-        tile = max(8192, rows * 64)
-        warps = 16 if tile > 8192 else 8
-        drafts.append((DimSoftmaxConfig(block_i=64, tile=tile, num_warps=warps),
-                       f"64 inner columns per program (256-byte fp32 runs), {reduced} reduced "
-                       f"rows in one tile of {tile}, {warps} warps"))
-    else:
-        drafts.append((DimSoftmaxConfig(tile=4096, num_warps=4),
-                       f"{reduced} reduced rows: online softmax over smaller 4096-element tiles, "
-                       "4 warps, more programs per SM"))
-    return drafts
-
-
 def _cuda_pointwise_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
     return [(CudaPointwiseConfig(), "16-byte vector loads, grid-stride over 4 blocks per SM")]
 
@@ -288,8 +216,6 @@ def _cuda_compiled_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
 WRITERS = (
     Writer("pointwise", "triton", write_pointwise, PointwiseConfig, _pointwise_drafts),
     Writer("reduction", "triton", write_row_reduction, RowConfig, _row_drafts),
-    Writer("reduction", "triton", write_dim_reduction, DimConfig, _dim_drafts),
-    Writer("reduction", "triton", write_dim_softmax, DimSoftmaxConfig, _dim_softmax_drafts),
     Writer("reduction", "triton", write_group_norm, GroupNormConfig, _group_norm_drafts),
     Writer("reduction", "triton", write_batch_norm, BatchNormConfig, _batch_norm_drafts),
     Writer("pointwise", "triton", write_compiled, Schedule, compiled_drafts),

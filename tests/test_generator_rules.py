@@ -73,11 +73,12 @@ def test_each_family_and_tier_has_drafts(tmp_path):
         assert children.children, (family, tier, children.declined)
 
 
-def test_reduction_over_an_inner_dimension_gets_the_dimension_kernel(tmp_path):
+def test_reduction_over_an_inner_dimension_gets_compiled_rows_side_by_side(tmp_path):
     problem = tmp_path / "problem.py"
     write_problem(problem, "x.sum(dim=1)", "x", torch.float32)
     drafts = RulesGenerator().propose(problem, None, n=2)
     assert drafts.children, drafts.declined
-    assert all(d.settings["writer"] == "write_dim_reduction" for d in drafts.children)
+    assert all(d.settings["writer"] == "write_compiled" for d in drafts.children)
+    assert "side by side" in drafts.children[0].rationale, drafts.children[0].rationale
     verdict = evaluate(problem, drafts.children[0].source, EvalConfig(device="cpu"))
     assert verdict.correct, verdict.reason
