@@ -154,6 +154,11 @@ def report_of(e2e: dict, key: str, device: str) -> dict:
             "e2e": e2e, "sites": [site], "searched": [searched]}
 
 
+def end_to_end(markdown: str) -> str:
+    """The report's end-to-end section."""
+    return markdown.split("## End to end")[1].split("## Searched sites")[0]
+
+
 def test_the_markdown_report_carries_the_figures(tmp_path):
     model, inputs = models.make_mlp()
     kernels = site_kernels(model, inputs, tmp_path)
@@ -165,6 +170,13 @@ def test_the_markdown_report_carries_the_figures(tmp_path):
     assert "custom op" not in text and "indicative" not in text
     assert f"each time the median of 5 rounds timed in turns, whose range was at most " \
            f"{e2e['spread_ms']:.4f} ms" in text
+    assert "floor" not in end_to_end(text), "no floor known, none shown"
+    e2e["floor_ms"] = e2e["optimized_ms"] * 0.9
+    terminal = io.StringIO()
+    print_end_to_end(e2e, terminal)
+    for shown in (markdown_report(report_of(e2e, kernels[0].key, "cuda")), terminal.getvalue()):
+        assert (f"the model's floor {e2e['floor_ms']:.4f} ms (its sites' roofline floors "
+                "summed): it runs at 90% of the floor") in shown, shown
     e2e["untraceable"] = {kernels[0].key: "RuntimeError: reads tensor data"}
     text = markdown_report(report_of(e2e, kernels[0].key, "cuda"))
     assert f"- `{kernels[0].key}`: RuntimeError: reads tensor data" in text
@@ -181,6 +193,9 @@ def test_cpu_reports_label_timings_indicative_and_claim_no_speedup(tmp_path):
         assert "CPU timings, indicative only: no speedup is claimed" in text
         assert f"{e2e['optimized_ms']:.4f}" in text
         assert f"{e2e['speedup_vs_eager']:.2f}x" not in text and "vs eager" not in text
+    # CPU times say nothing of a GPU's floor: none is set beside them.
+    e2e["floor_ms"] = 0.001
+    assert "floor" not in end_to_end(markdown_report(report_of(e2e, kernels[0].key, "cpu")))
 
 
 def test_with_no_kernel_installed_the_reports_say_1x(tmp_path):

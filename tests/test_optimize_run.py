@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from store import open_reader
 from tests.test_list_sites_cli import ROOT, run_cli
 
@@ -47,6 +49,8 @@ def test_a_cpu_run_searches_refines_and_stores_every_parent_link(tmp_path):
                                   "speedup_vs_eager", "speedup_vs_compile",
                                   "predicted_speedup"}
     assert searched["eager_ms"] > 0 and searched["compile_ms"] > 0
+    assert report["e2e"]["floor_ms"] == pytest.approx(sum(s["floor_ms"] for s in report["sites"]))
+    assert report["e2e"]["floor_ms"] > 0
     # Under the Triton interpreter no kernel beats PyTorch: none is installed, and the model,
     # its own baseline, is 1.00x however eager and torch.compile timed on this CPU.
     e2e = report["e2e"]

@@ -127,6 +127,7 @@ class EndToEnd:
     untraceable: dict[str, str] = field(default_factory=dict)
     rounds: int = ROUNDS  # each time above is the median of this many rounds timed in turns
     spread_ms: float = 0.0  # the widest range of one model's rounds behind those times
+    floor_ms: float = 0.0  # the model's sites' roofline floors summed; 0: not known
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -225,6 +226,16 @@ def rounds_text(e2e: dict[str, object]) -> str:
         return ""
     return (f"; each time the median of {e2e['rounds']} rounds timed in turns, whose range "
             f"was at most {e2e['spread_ms']:.4f} ms")
+
+
+def floor_text(e2e: dict[str, object]) -> str:
+    """The model's floor beside its times on a GPU, and how near the model runs to it ('' on the
+    CPU, whose times say nothing of a GPU's, and for runs stored before it was kept)."""
+    floor = float(e2e.get("floor_ms") or 0.0)
+    if e2e["timing"] == "cpu" or floor <= 0:
+        return ""
+    return (f"; the model's floor {floor:.4f} ms (its sites' roofline floors summed): it runs at "
+            f"{floor / float(e2e['optimized_ms']):.0%} of the floor")
 
 
 class EndToEndCheck:

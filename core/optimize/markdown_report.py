@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from core.optimize.e2e import INDICATIVE, NOTHING_INSTALLED, correctness_text, rounds_text
+from core.optimize.e2e import (
+    INDICATIVE,
+    NOTHING_INSTALLED,
+    correctness_text,
+    floor_text,
+    rounds_text,
+)
 
 
 def _ms(value: float | None) -> str:
@@ -21,11 +27,12 @@ def _end_to_end(e2e: dict) -> list[str]:
         return ["## End to end", "", f"Not done: {e2e['error']}.", ""]
     cpu = e2e["timing"] == "cpu"
     timing = INDICATIVE if cpu else "GPU timing"
+    floor = floor_text(e2e)
     if not e2e["installed"]:
         lines = ["## End to end", "",
                  f"{NOTHING_INSTALLED}. Timed for reference "
                  f"({timing}): eager {e2e['eager_ms']:.4f} ms, torch.compile "
-                 f"{e2e['compile_ms']:.4f} ms.", ""]
+                 f"{e2e['compile_ms']:.4f} ms{floor}.", ""]
     else:
         verdict = correctness_text(e2e, wrong="**wrong**")
         header = ["eager ms", "torch.compile ms", "Kiln ms"]
@@ -36,7 +43,7 @@ def _end_to_end(e2e: dict) -> list[str]:
                     f"{e2e['predicted_speedup']:.2f}x"]
         lines = ["## End to end", "",
                  f"{len(e2e['installed'])} kernel(s) installed, every other op run by "
-                 f"{e2e['rest']}; {verdict}. Timing: {timing}{rounds_text(e2e)}.", "",
+                 f"{e2e['rest']}; {verdict}. Timing: {timing}{rounds_text(e2e)}{floor}.", "",
                  *_table(header, [row])]
     if e2e["removed"]:
         lines += ["", "Kernels taken out:", ""]

@@ -5,7 +5,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from core.optimize.e2e import INDICATIVE, NOTHING_INSTALLED, correctness_text, rounds_text
+from core.optimize.e2e import (
+    INDICATIVE,
+    NOTHING_INSTALLED,
+    correctness_text,
+    floor_text,
+    rounds_text,
+)
 from generators.compiler.site import declined
 
 
@@ -35,12 +41,13 @@ def print_end_to_end(e2e: dict, out=sys.stdout) -> None:
         return
     cpu = e2e["timing"] == "cpu"
     timing = INDICATIVE if cpu else "GPU timing"
+    floor = floor_text(e2e)
     if not e2e["installed"]:
         print(f"\nend to end ({timing})\n{NOTHING_INSTALLED} (eager {e2e['eager_ms']:.4f} ms, "
-              f"torch.compile {e2e['compile_ms']:.4f} ms)", file=out)
+              f"torch.compile {e2e['compile_ms']:.4f} ms{floor})", file=out)
     else:
         verdict = correctness_text(e2e, wrong="WRONG")
-        print(f"\nend to end ({timing}{rounds_text(e2e)}): the model with "
+        print(f"\nend to end ({timing}{rounds_text(e2e)}{floor}): the model with "
               f"{len(e2e['installed'])} kernel(s) installed, the rest {e2e['rest']}: {verdict}",
               file=out)
         header = f"{'eager ms':>10} {'compile ms':>11} {'Kiln ms':>10}"

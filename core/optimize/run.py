@@ -23,6 +23,7 @@ import hashlib
 import math
 import platform
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -301,7 +302,8 @@ class OptimizeRun:
         # none of them runs under another run's timing (nor theirs under its timings).
         with shared_device(device_lock_path(device)), fp32_matmuls(allow_tf32):
             check = EndToEndCheck(loaded.model, loaded.inputs, device, tf32, self.progress)
-            return check.run(total_ms, [w for r in runs if (w := r.winner) is not None])
+            result = check.run(total_ms, [w for r in runs if (w := r.winner) is not None])
+        return replace(result, floor_ms=sum(s.floor_ms for s in profiled.table.sites))
 
     def _add_sites(self, run_id: int, profiled: ProfiledModel) -> dict[str, int]:
         site_ids = {}
