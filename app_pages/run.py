@@ -9,7 +9,16 @@ import streamlit as st
 
 from app_pages import queries
 from app_pages.charts import amdahl_chart, judging_chart
-from app_pages.common import kernel_url, live, ms, open_store, query_int, timed_on, times
+from app_pages.common import (
+    kernel_url,
+    live,
+    ms,
+    open_store,
+    percent,
+    query_int,
+    timed_on,
+    times,
+)
 from store import CPU_TIMINGS, Judging, Run, Site, ordered_phases
 
 opened = open_store()
@@ -127,6 +136,13 @@ def show_judging(judged: list[Judging], sites: list[Site]) -> None:
     st.altair_chart(judging_chart(rows, phases), width="stretch")
 
 
+def of_the_floor(e2e: dict, cpu_timings: bool) -> float | None:
+    """How near the model as run is to its floor; None on the CPU, whose times say nothing of a
+    GPU's, or where no floor was kept."""
+    floor, optimized = e2e.get("floor_ms"), e2e.get("optimized_ms")
+    return None if cpu_timings or not floor or not optimized else floor / optimized
+
+
 def render() -> None:
     store = open_store()
     run = {r.id: r for r in queries.runs(store.path, store.version)}[run_id]
@@ -147,12 +163,15 @@ def render() -> None:
     if cpu:
         st.warning(f"{CPU_TIMINGS}: this run ran on the CPU, its Triton kernels under the"
                    " interpreter; its times and speedups say nothing of a GPU's.")
-    columns = st.columns(5)
+    columns = st.columns(6)
     columns[0].metric("sites", run.sites)
     columns[1].metric("candidates", run.candidates)
     columns[2].metric("accepted", run.accepted)
     columns[3].metric(timed_on("end to end vs eager", cpu), times(e2e.get("speedup_vs_eager")))
     columns[4].metric(timed_on("vs torch.compile", cpu), times(e2e.get("speedup_vs_compile")))
+    columns[5].metric("of the floor", percent(of_the_floor(e2e, cpu)),
+                      help="The model's floor (its sites' roofline floors summed) over its time "
+                           "end to end: 100% is every byte moved once at full bandwidth.")
     if not sites:
         st.info("This run has not profiled its sites yet.")
         return

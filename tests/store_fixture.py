@@ -349,7 +349,8 @@ def fill_verdict_kinds(path: Path) -> Kinds:
             if judged is not None:
                 store.add_verdict(candidate, judged)
             labels[candidate] = label
-        store.finish_run(gpu_run, e2e={"speedup_vs_eager": 1.8, "speedup_vs_compile": 1.2})
+        store.finish_run(gpu_run, e2e={"speedup_vs_eager": 1.8, "speedup_vs_compile": 1.2,
+                                       "optimized_ms": 2.0, "floor_ms": 1.5})
         cpu_run = store.start_run(model_spec="examples/block.py", model_hash="1", gpu="cpu",
                                   versions={}, config={"device": "cpu"})
         cpu_site = store.add_site(
@@ -361,7 +362,8 @@ def fill_verdict_kinds(path: Path) -> Kinds:
             source=triton_candidate(64)).id
         store.add_verdict(cpu_kernel, verdict(accepted=True, latency_ms=0.5))
         labels[cpu_kernel] = "accepted"
-        store.finish_run(cpu_run, e2e={"speedup_vs_eager": 47.0, "speedup_vs_compile": 3.0})
+        store.finish_run(cpu_run, e2e={"speedup_vs_eager": 47.0, "speedup_vs_compile": 3.0,
+                                       "optimized_ms": 2.0, "floor_ms": 1.0})
     ids = list(labels)
     return Kinds(path, gpu_run, cpu_run, labels, ids[0], ids[1], ids[2], cpu_kernel)
 

@@ -44,9 +44,12 @@ def test_run_page_labels_cpu_speedups(kinds):
     metrics = {m.label: m.value for m in app.metric}
     assert metrics[f"end to end vs eager ({CPU_TIMINGS})"] == "47x"
     assert metrics[f"vs torch.compile ({CPU_TIMINGS})"] == "3x"
+    assert metrics["of the floor"] == "–", "a CPU time set against a GPU's floor"
     gpu = open_page("run.py", run=kinds.gpu_run)
     assert not gpu.warning and CPU_TIMINGS not in texts(gpu)
-    assert {m.label: m.value for m in gpu.metric}["end to end vs eager"] == "1.8x"
+    gpu_metrics = {m.label: m.value for m in gpu.metric}
+    assert gpu_metrics["end to end vs eager"] == "1.8x"
+    assert gpu_metrics["of the floor"] == "75.0%"
 
 
 def test_kernel_page_labels_cpu_speedups(kinds):
