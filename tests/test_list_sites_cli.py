@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -9,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from core.profile.site_table import print_site_table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,6 +48,8 @@ def test_table_is_printed_for_people(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "conv2d → batch_norm → add → relu" in result.stdout
     assert "kept with PyTorch" in result.stdout
+    assert "the sites' roofline floors summed" in result.stdout
+    assert "runs at" not in result.stdout, "a CPU time set against a GPU's floor"
     written = list((tmp_path / "tests.models-make_resnet" / "sites").glob("*/problem.py"))
     assert len(written) == sum(result.stdout.count(f" {family} ")
                                for family in ("conv", "reduction", "other", "matmul"))
@@ -70,3 +75,16 @@ def test_bad_input_is_one_message_and_exit_code_2(args, message, tmp_path):
     assert "Traceback" not in result.stderr
     assert message in result.stderr and "fix:" in result.stderr
     assert result.stdout == ""
+
+
+def test_a_gpu_table_says_how_near_the_captured_program_runs_to_its_floor():
+    site = {"share": 0.8, "time_ms": 4.0, "floor_ms": 1.5, "family": "reduction", "calls": 1,
+            "id": "reduction-1", "signature": "softmax"}
+    report = {"model": "m", "dtype": "fp32", "device": "cuda", "timing": "GPU", "total_ms": 5.0,
+              "latency_ms": 5.1, "captured_ms": 5.0, "graphs": 1, "floor_gpu": "H200",
+              "sites": [site, {**site, "id": "reduction-2", "floor_ms": 0.5}], "kept_ms": 0.5,
+              "outside_ms": 0.5, "accounted_ms": 5.0}
+    out = io.StringIO()
+    print_site_table(report, out)
+    assert ("floor 2.0000 ms, the sites' roofline floors summed: the captured program runs at "
+            "40.0% of it") in out.getvalue()

@@ -80,6 +80,11 @@ def print_site_table(report: dict, out=sys.stdout) -> None:
     accounted = report["accounted_ms"]
     print(f"sites + kept = {accounted:.3f} ms: {_percent(accounted, captured)} of the captured "
           f"program, {_percent(accounted, total)} of eager", file=out)
+    floor = sum(site["floor_ms"] for site in report["sites"])
+    # CPU times say nothing of how near a GPU would run to its floor.
+    near = ("" if report["device"] == "cpu" else
+            f": the captured program runs at {_percent(floor, captured)} of it")
+    print(f"floor {floor:.4f} ms, the sites' roofline floors summed{near}", file=out)
 
 
 def _percent(part: float, whole: float) -> str:
