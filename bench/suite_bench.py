@@ -102,7 +102,7 @@ def outcome_of(name: str, dtype: str, report: dict, minutes: float) -> Outcome:
     """One row of the table, for the entry `name`, from an optimize run's JSON report."""
     e2e = report["e2e"]
     tried = sum(s["evaluations"] for s in report["searched"])
-    floor_ms = sum(s["floor_ms"] for s in report.get("sites", [])) or math.nan
+    floor_ms = report.get("floor_ms") or math.nan
     if not e2e or e2e.get("error"):
         why = (e2e or {}).get("error") or report.get("failure") or "no end-to-end check"
         return Outcome(name, dtype, None, math.nan, math.nan, math.nan, math.nan,

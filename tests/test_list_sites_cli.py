@@ -39,6 +39,7 @@ def test_json_report_ranks_sites_and_accounts_for_the_model_time(tmp_path):
     times = [s["time_ms"] for s in sites]
     assert times == sorted(times, reverse=True)
     assert report["accounted_ms"] > 0
+    assert report["floor_ms"] == pytest.approx(sum(s["floor_ms"] for s in sites))
     assert "profiling forwards" in result.stderr  # progress goes to stderr, JSON to stdout
 
 
@@ -83,7 +84,7 @@ def test_a_gpu_table_says_how_near_the_captured_program_runs_to_its_floor():
     report = {"model": "m", "dtype": "fp32", "device": "cuda", "timing": "GPU", "total_ms": 5.0,
               "latency_ms": 5.1, "captured_ms": 5.0, "graphs": 1, "floor_gpu": "H200",
               "sites": [site, {**site, "id": "reduction-2", "floor_ms": 0.5}], "kept_ms": 0.5,
-              "outside_ms": 0.5, "accounted_ms": 5.0}
+              "outside_ms": 0.5, "accounted_ms": 5.0, "floor_ms": 2.0}
     out = io.StringIO()
     print_site_table(report, out)
     assert ("floor 2.0000 ms, the sites' roofline floors summed: the captured program runs at "

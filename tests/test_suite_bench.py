@@ -76,9 +76,9 @@ def test_a_run_whose_end_to_end_check_failed_is_a_row_that_says_so():
     assert "| softmax |" in table([failed, skipped])
 
 
-def test_the_floor_is_the_sum_of_the_sites_floors_and_bounds_what_kernels_could_give():
+def test_the_models_floor_bounds_what_kernels_could_give():
     report = {"searched": [{"id": "site-a", "evaluations": 3, "best": {"tier": "cuda"}}],
-              "sites": [{"floor_ms": 1.5}, {"floor_ms": 0.5}],
+              "floor_ms": 2.0, "sites": [{"floor_ms": 1.5}, {"floor_ms": 0.5}],
               "e2e": {"correct": True, "eager_ms": 5.0, "compile_ms": 4.0, "optimized_ms": 2.5,
                       "predicted_speedup": 1.8, "installed": ["site-a"], "removed": {},
                       "spread_ms": 0.02}}

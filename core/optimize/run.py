@@ -303,7 +303,7 @@ class OptimizeRun:
         with shared_device(device_lock_path(device)), fp32_matmuls(allow_tf32):
             check = EndToEndCheck(loaded.model, loaded.inputs, device, tf32, self.progress)
             result = check.run(total_ms, [w for r in runs if (w := r.winner) is not None])
-        return replace(result, floor_ms=sum(s.floor_ms for s in profiled.table.sites))
+        return replace(result, floor_ms=float(profiled.report["floor_ms"]))
 
     def _add_sites(self, run_id: int, profiled: ProfiledModel) -> dict[str, int]:
         site_ids = {}

@@ -49,6 +49,7 @@ def site_report(model: str, dtype: str, device: str, profile: Profile, table: Si
         "kept_ms": profile.kept_ms,
         "outside_ms": profile.outside_ms,
         "accounted_ms": profile.accounted_ms,
+        "floor_ms": sum(s.floor_ms for s in table.sites),  # the model's: its sites' summed
         "graphs": graphs,
         "sites": [site_record(s, whole) for s in ranked(table)],
         "kept_regions": [
@@ -80,7 +81,7 @@ def print_site_table(report: dict, out=sys.stdout) -> None:
     accounted = report["accounted_ms"]
     print(f"sites + kept = {accounted:.3f} ms: {_percent(accounted, captured)} of the captured "
           f"program, {_percent(accounted, total)} of eager", file=out)
-    floor = sum(site["floor_ms"] for site in report["sites"])
+    floor = report["floor_ms"]
     # CPU times say nothing of how near a GPU would run to its floor.
     near = ("" if report["device"] == "cpu" else
             f": the captured program runs at {_percent(floor, captured)} of it")
