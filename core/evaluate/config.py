@@ -25,6 +25,14 @@ DEFAULT_TRIALS = {"cuda": 100, "cpu": 3}
 # gigabyte problem spent 3-7 s in timing (bench/NOTES.md, 2026-12-06, 02:40-03:02 UTC).
 TIMED_MS = 500.0
 MIN_TRIALS = 10
+# Of the timed trials, this many, drawn at random by the judge and never told to the candidate,
+# have their outputs and inputs checked (every warm-up call's are): a candidate moves the median
+# only by being fast on over half its trials, and one wrong on half of them escapes 20 random
+# checks with a chance of one in a million. A wrong call on copies it changed stays wrong: the
+# rotation hands the same copies back, and the next checked call finds them changed. Checking
+# every timed call read a call's inputs twice beside the kernel's one read: at the sizes of
+# KernelBench's level 1 more than the kernel's own traffic.
+CHECKED_TRIALS = 20
 
 
 def default_device() -> str:

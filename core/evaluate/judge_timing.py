@@ -2,15 +2,19 @@
 
 The candidate is timed by the path its checks took: the same kind of guarded input copies, the
 same guard, its process timing each call between the timer's marks (L2 flushed before it). The
-judge sends the calls one by one, rotating through input sets, and checks every call's output and
-inputs as a trial would: a candidate cannot tell a timed call from a checked one, nor be wrong
-only when timed. The reference is timed here by `core.timing.model_timing`, on its own copies of
-the same sets, while the judge holds the device alone.
+judge sends the calls one by one, rotating through input sets, and checks every call's guard
+bands, launches and output types, and the outputs and inputs of every warm-up call and of
+trials the judge draws at random and keeps to itself, as a trial would: a candidate cannot tell a
+timed call from a checked one, nor be wrong only when timed, and the median it is judged by
+moves only with over half the trials. The reference is timed here by
+`core.timing.model_timing`, on its own copies of the same sets, while the judge holds the
+device alone.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -18,7 +22,7 @@ from collections.abc import Callable
 import torch
 
 from core.evaluate.candidate import Rejected
-from core.evaluate.config import EvalConfig
+from core.evaluate.config import CHECKED_TRIALS, EvalConfig
 from core.evaluate.correctness import (
     Comparison,
     changed_inputs,
@@ -48,8 +52,9 @@ from core.timing.timer import TimingStats
 def time_candidate(models: Models, candidate_sets: list[list[object]],
                    plain_sets: list[list[object]], references: list[object],
                    config: EvalConfig, anchors: set[str], deadline: float) -> TimingStats:
-    """Warm-up calls (a count, and a wall-clock minimum), then the timed trials; each call's
-    inputs and output checked against its set's."""
+    """Warm-up calls (a count, and a wall-clock minimum), then the timed trials; each warm-up
+    call's inputs and output checked against its set's, and those of CHECKED_TRIALS trials drawn
+    at random (`spot_checks`)."""
     calls = 0
     exact: dict[int, ExactAnswer] = {}  # each set's, for outputs that are noise
     scales = [reference_scales(reference) for reference in references]  # read once, not a call
@@ -72,12 +77,16 @@ def time_candidate(models: Models, candidate_sets: list[list[object]],
                 return None
         return compared.mismatch.message
 
-    def call() -> float:
+    def call(check: bool = True) -> float:
+        """One call; `check`: its outputs and inputs compared too (its guard bands, launches
+        and output types always are)."""
         nonlocal calls
         index = calls % len(candidate_sets)
         calls += 1
         label = f"timed call {calls}"
         result = checked_call(models, label, candidate_sets[index], deadline, anchors)
+        if not check:
+            return result.milliseconds
         mutated = changed_inputs(plain_sets[index], tensors_of(candidate_sets[index]))
         if mutated:
             raise Rejected(mutated.code, f"{label}: {mutated.message}")
@@ -92,8 +101,15 @@ def time_candidate(models: Models, candidate_sets: list[list[object]],
             config.warmup_time_ms:
         warm.append(call())
     count = config.trials_within(statistics.median(warm)) if warm else config.trial_count
-    samples = [call() for _ in range(count)]
+    checked = spot_checks(count)
+    samples = [call(trial in checked) for trial in range(count)]
     return TimingStats.from_samples(samples, models.candidate.device.type)
+
+
+def spot_checks(trials: int) -> set[int]:
+    """The timed trials whose outputs and inputs are checked: CHECKED_TRIALS of them drawn at
+    random from the system's entropy (all of them when there are no more)."""
+    return set(random.SystemRandom().sample(range(trials), min(trials, CHECKED_TRIALS)))
 
 
 def forget_sets(models: Models, sets: list[list[object]]) -> None:
