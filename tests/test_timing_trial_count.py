@@ -45,3 +45,37 @@ def test_a_timing_asks_for_its_trials_with_the_warm_ups_time_a_call():
     untouched = time_model(Sleeper(), [[torch.ones(8)]], torch.device("cpu"), warmup=0,
                            trials=2, trials_within=trials_within)
     assert untouched.trials == 2 and len(asked) == 1  # no warm-up time: nothing to go by
+
+
+class Counter(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return x + 1
+
+
+def test_a_warm_up_of_calls_alone_makes_exactly_that_many_before_the_trials():
+    """The reference's warm-up right after its candidate's timing (the GPU already busy)."""
+    model = Counter()
+    stats = time_model(model, [[torch.ones(8)]], torch.device("cpu"), warmup=7, trials=5,
+                       trials_within=lambda call_ms: 4)
+    assert stats.trials == 4 and model.calls == 7 + 4
+
+
+def test_a_warm_up_lasts_its_calls_and_its_time_whichever_is_longer():
+    starts: list[float] = []
+
+    class Slow(torch.nn.Module):
+        def forward(self, x):
+            starts.append(time.perf_counter())
+            time.sleep(0.02)
+            return x
+
+    time_model(Slow(), [[torch.ones(8)]], torch.device("cpu"), warmup=2, trials=1,
+               warmup_ms=100.0)
+    *warm, trial = starts
+    assert len(warm) > 2  # the time outlasted the two calls
+    assert warm[-1] - warm[0] < 0.1 and trial - warm[0] > 0.099  # and it stopped once over

@@ -144,8 +144,10 @@ def time_both(verdict: Verdict, models: Models, draw: Callable[[], list[object]]
         candidate_sets.clear()
         references.clear()
         models.candidate.release(deadline)
+        # A warm-up of calls alone: the GPU has just been busy with the candidate's, for at
+        # least its warm-up time, so its clocks are up.
         baseline = time_model(models.reference, plain_sets, device, config.warmup_after_checks,
-                              config.trial_count, config.warmup_time_ms, queue_ahead=True,
+                              config.trial_count, queue_ahead=True,
                               trials_within=config.trials_within)
     record_timing(verdict, candidate, baseline)
 

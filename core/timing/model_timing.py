@@ -91,8 +91,8 @@ def time_model(
 ) -> TimingStats:
     """Median latency of `model(*inputs)`, rotating through `input_sets`, L2 flushed each trial.
 
-    Warm-up lasts `warmup` calls and at least `warmup_ms` of wall-clock time: an idle GPU runs
-    at a fraction of its clock until it has been busy for a while, and a fixed handful of
+    Warm-up lasts `warmup` calls or `warmup_ms` of wall-clock time, whichever is longer: an idle
+    GPU runs at a fraction of its clock until it has been busy for a while, and a fixed handful of
     microsecond-scale calls does not get it there. Wall time, not a count derived from the
     kernel's own time: for a kernel of microseconds that count meant thousands of flushed
     calls, over a second per model, and the evaluation pool slowed to a crawl (bench/NOTES.md,
@@ -111,17 +111,20 @@ def time_model(
     def call() -> None:
         model(*input_sets[position[0]])
 
+    queue = QueueAhead(device, SITE_QUEUE_MARGIN_MS) if queue_ahead else None
     with torch.no_grad():
         begin, warmed = time.perf_counter(), 0
-        while (time.perf_counter() - begin) * 1e3 < warmup_ms:
+        while warmed < warmup or (time.perf_counter() - begin) * 1e3 < warmup_ms:
             before_each()
+            issued = time.perf_counter()
             call()
+            if queue is not None:
+                queue.observe((time.perf_counter() - issued) * 1e3)
             warmed += 1
         if trials_within is not None and warmed:
             synchronize(device)
             trials = trials_within((time.perf_counter() - begin) * 1e3 / warmed)
-        queue = QueueAhead(device, SITE_QUEUE_MARGIN_MS) if queue_ahead else None
-        stats = time_callable(call, device, warmup=warmup, trials=trials, before_each=before_each,
+        stats = time_callable(call, device, warmup=0, trials=trials, before_each=before_each,
                               queue=queue)
     synchronize(device)
     return stats
