@@ -9,7 +9,6 @@ candidate are timed by the same code in the same process.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 
 import torch
@@ -20,6 +19,7 @@ from core.timing.timer import (
     TimingStats,
     synchronize,
     time_callable,
+    warm_up,
 )
 
 # The flush buffer is twice the L2 size: H200's L2 is 60 MiB, so 120 MiB.
@@ -113,17 +113,9 @@ def time_model(
 
     queue = QueueAhead(device, SITE_QUEUE_MARGIN_MS) if queue_ahead else None
     with torch.no_grad():
-        begin, warmed = time.perf_counter(), 0
-        while warmed < warmup or (time.perf_counter() - begin) * 1e3 < warmup_ms:
-            before_each()
-            issued = time.perf_counter()
-            call()
-            if queue is not None:
-                queue.observe((time.perf_counter() - issued) * 1e3)
-            warmed += 1
-        if trials_within is not None and warmed:
-            synchronize(device)
-            trials = trials_within((time.perf_counter() - begin) * 1e3 / warmed)
+        call_ms = warm_up(call, device, warmup, warmup_ms, before_each, queue)
+        if trials_within is not None and call_ms:
+            trials = trials_within(call_ms)
         stats = time_callable(call, device, warmup=0, trials=trials, before_each=before_each,
                               queue=queue)
     synchronize(device)

@@ -123,20 +123,32 @@ def time_callable(
 ) -> TimingStats:
     """Median-of-trials latency of `fn()`; `before_each` runs untimed before every trial; with
     `queue`, each trial's device time without the Python that issues it."""
-    for _ in range(warmup):
-        if before_each is not None:
-            before_each()
-        began = time.perf_counter()
-        fn()
-        if queue is not None:
-            queue.observe((time.perf_counter() - began) * 1e3)
-    synchronize(device)
+    warm_up(fn, device, warmup, before_each=before_each, queue=queue)
     samples: list[float] = []
     for _ in range(trials):
         if before_each is not None:
             before_each()
         samples.append(time_once(fn, device, queue))
     return TimingStats.from_samples(samples, device.type)
+
+
+def warm_up(fn: Callable[[], object], device: torch.device, calls: int, ms: float = 0.0,
+            before_each: Callable[[], object] | None = None,
+            queue: QueueAhead | None = None) -> float:
+    """`calls` calls of `fn()` or `ms` of wall-clock time of them, whichever lasts longer, each
+    after `before_each` and each one's issue time told to `queue`; the device synchronized
+    after. The wall milliseconds a call took (0.0 when none ran)."""
+    begin, warmed = time.perf_counter(), 0
+    while warmed < calls or (time.perf_counter() - begin) * 1e3 < ms:
+        if before_each is not None:
+            before_each()
+        issued = time.perf_counter()
+        fn()
+        if queue is not None:
+            queue.observe((time.perf_counter() - issued) * 1e3)
+        warmed += 1
+    synchronize(device)
+    return (time.perf_counter() - begin) * 1e3 / warmed if warmed else 0.0
 
 
 def time_once(fn: Callable[[], object], device: torch.device,
