@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import torch
 
 from generators.compiler import schedule
@@ -25,22 +26,28 @@ def second_grid_dimensions(source: str) -> list[int]:
 
 
 def test_a_site_of_more_column_blocks_than_the_grid_takes_launches_within_it(tmp_path):
-    # 8192 × 8192: 65536 blocks of 1024 columns, one past the limit.
+    # 8192 × 8192: 65536 blocks of 1024 columns, one past the limit: two blocks a program, and
+    # no program launched to walk only masked blocks.
     graph = load_site_graph(one_input_problem(tmp_path, BODY, "torch.randn(8192, 8192)"))
     for source in (write_compiled(graph, Schedule(1, 1024, 4)),
                    write_cuda_compiled(graph, Schedule(1, 1024, 4))):
         found = second_grid_dimensions(source)
-        assert found and all(n <= MAX_SPLITS for n in found), (found, source[-1500:])
+        assert found == [32768] and MAX_SPLITS >= 32768, (found, source[-1500:])
 
 
-def test_each_program_walks_several_blocks_past_the_limit(tmp_path, monkeypatch):
+@pytest.mark.parametrize(("limit", "programs"), [
+    (3, 3),  # 15 blocks of 1024: five a program
+    (10, 8),  # two a program: eight programs, not ten with the last two walking nothing
+])
+def test_each_program_walks_several_blocks_past_the_limit(tmp_path, monkeypatch, limit,
+                                                         programs):
     problem = one_input_problem(tmp_path, BODY, "torch.randn(5, 3001)")
-    monkeypatch.setattr(schedule, "MAX_SPLITS", 3)
+    monkeypatch.setattr(schedule, "MAX_SPLITS", limit)
     graph = load_site_graph(problem)
     source = write_compiled(graph, Schedule(1, 1024, 4))
-    assert second_grid_dimensions(source) == [3], source
+    assert second_grid_dimensions(source) == [programs], source
     actual, expected = run_beside_problem(source, problem, seed=0)
     assert isinstance(actual, torch.Tensor)
     assert_matches(actual, expected, source)
     cuda = write_cuda_compiled(graph, Schedule(1, 1024, 4))
-    assert second_grid_dimensions(cuda) == [3], cuda
+    assert second_grid_dimensions(cuda) == [programs], cuda

@@ -18,7 +18,7 @@ from generators.mutations import neighbours
 from generators.rules import RulesGenerator
 from generators.site_graph import Unsupported, load_site_graph
 from generators.triton.program import write_compiled
-from tests.kernel_checks import one_input_problem
+from tests.kernel_checks import assert_matches, one_input_problem, run_beside_problem
 
 NORM = "x / torch.norm(x, p=2, dim=1, keepdim=True)"
 
@@ -268,3 +268,29 @@ def test_rows_side_by_side_are_walked_tall_and_split_to_fill_the_gpu(tmp_path, b
         assert (schedule.splits > 1) == ("to fill the GPU" in why), why
     tall = [s for s, why in walked if ", tall:" in why]
     assert [(s.block_rows, s.block_columns) for s in tall] == [(32, 256)] * (len(splits) == 3)
+
+
+@pytest.mark.parametrize(("body", "shape", "inputs", "params", "warps"), [
+    ("F.layer_norm(x, (2048,), w, b)", (6, 2048),
+     "torch.randn(6, 2048), torch.randn(2048), torch.randn(2048)", "x, w, b", 4),
+    ("torch.softmax(x, dim=-1)", (5, 3000), "torch.randn(5, 3000)", "x", 8),
+])
+def test_long_rows_held_whole_are_drafted_four_programs_an_sm_pipelined(
+        tmp_path, body, shape, inputs, params, warps):
+    problem = one_input_problem(tmp_path, body, inputs, params)
+    graph = load_site_graph(problem)
+    resident = [(s, why) for s, why in drafts(main_kernel(program_of(graph)))
+                if s.resident_per_sm]
+    assert [(s.resident_per_sm, s.num_warps, s.block_rows) for s, _ in resident] == \
+        [(4, warps, 1)], resident
+    source = write_compiled(graph, resident[0][0])
+    assert "in tl.range(PASSES, num_stages=2):" in source, source
+    assert f"[(min({shape[0]}, 4 * sms), 1)]" in source
+    actual, expected = run_beside_problem(source, problem, seed=3)
+    assert_matches(actual, expected, source)
+
+
+def test_rows_of_a_thousand_or_fewer_get_no_programs_per_sm_draft(tmp_path):
+    graph = load_site_graph(one_input_problem(tmp_path, "torch.softmax(x, dim=-1)",
+                                              "torch.randn(8, 1024)"))
+    assert all(not s.resident_per_sm for s, _ in drafts(main_kernel(program_of(graph))))

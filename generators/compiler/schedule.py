@@ -58,6 +58,12 @@ SPLIT_LOOP = 1 << 16
 # (bench/NOTES.md, 2026-12-06, 23:20 UTC, and 2026-12-07, 01:53 UTC).
 SPLIT_BELOW_PER_SM = 2
 FILL_PER_SM = 4
+# Rows held whole longer than this also get a draft of RESIDENT_ROWS_PER_SM programs an SM
+# striding over them, each pass's loads issued while the last pass stores: the row writer's
+# persistent schedule, whose kernels won softmax and layer_norm over the compiler's by 1-1.5 %
+# (bench/NOTES.md, round of 2026-12-07 00:17 UTC).
+RESIDENT_ROWS_FROM = 1024
+RESIDENT_ROWS_PER_SM = 4
 # Columns a step of the tall draft for rows side by side, on rows longer than that.
 TALL_COLUMNS = 256
 # The most programs a launch's second grid dimension takes (CUDA's limit on gridDim.y): past
@@ -144,7 +150,10 @@ class Schedule:
             return 1
         if kernel.reductions:
             return self.cluster_blocks or self.grid_blocks or min(self.splits, MAX_SPLITS)
-        return min(MAX_SPLITS, max(1, -(-kernel.column_count // self.block_columns)))
+        blocks = max(1, -(-kernel.column_count // self.block_columns))
+        # Past the grid's limit each program walks the same number of blocks, and only as many
+        # programs as that takes are launched (none left with nothing but masked blocks).
+        return -(-blocks // -(-blocks // MAX_SPLITS))
 
 
 def vectors_fit(kernel: Kernel, width: int) -> bool:
@@ -184,11 +193,19 @@ def drafts(kernel: Kernel) -> list[tuple[Schedule, str]]:
             block_rows = max(1, min(_pow2(rows), MAX_TILE // columns,
                                     max(16, ROWS_TILE // columns)))
             warps = 8 if columns * block_rows >= 4096 else 4
-            return [(Schedule(block_rows, columns, warps),
-                     f"persistent: each row's {loop} values in registers, {block_rows} row(s) a "
-                     "program"),
-                    (Schedule(1, columns, max(4, min(16, columns // 512))),
-                     "persistent, one row a program")]
+            persistent = [(Schedule(block_rows, columns, warps),
+                           f"persistent: each row's {loop} values in registers, {block_rows} "
+                           "row(s) a program"),
+                          (Schedule(1, columns, max(4, min(16, columns // 512))),
+                           "persistent, one row a program")]
+            if columns > RESIDENT_ROWS_FROM:
+                row_warps = 4 if columns <= 2048 else 8 if columns <= 8192 else 16
+                persistent.append((
+                    Schedule(1, columns, row_warps, resident_per_sm=RESIDENT_ROWS_PER_SM),
+                    f"persistent, long rows of {loop}: {RESIDENT_ROWS_PER_SM} programs per SM "
+                    f"striding over them, {row_warps} warps, the next row's loads in flight "
+                    "while the last is stored"))
+            return persistent
         looped = [(Schedule(1, 4096, 8), f"looped: rows of {loop} values walked 4096 at a time"),
                   (Schedule(1, 2048, 4), f"looped: rows of {loop} values walked 2048 at a time")]
         peaks = GpuPeaks()

@@ -100,9 +100,10 @@ class KernelWriter(ValueWriter):
 
     def group(self, reductions: list[Reduction]) -> None:
         """The accumulators of reductions walking one loop, filled in one pass. A mean beside a
-        variance of the same values, in a looped kernel that folds its rows itself, is the
-        variance's shift plus its shifted sum over the count: no accumulator of its own."""
-        means = {} if self.persistent or self.splits > 1 else variance_means(reductions)
+        variance of the same values, in a kernel that folds its rows itself, has no accumulator
+        of its own: a looped kernel's is the variance's shift plus its shifted sum over the
+        count, a persistent kernel's the mean its variance's first pass takes."""
+        means = {} if self.splits > 1 else variance_means(reductions)
         group = [r for r in reductions if r.index not in means]
         accumulators: dict[Slot, str] = {}
         shifts: dict[int, str] = {}
@@ -134,9 +135,10 @@ class KernelWriter(ValueWriter):
                 self.finish(reduction, totals)
         for mean in (r for r in reductions if r.index in means):
             var = means[mean.index]
-            self.reduced[(id(mean.node), mean.coords)] = self.let(
-                f"{shifts[var.index]} + {folded[var.index]['shifted']} / {float(var.size)!r}",
-                "r")
+            self.reduced[(id(mean.node), mean.coords)] = folded[var.index]["mean"] \
+                if self.persistent else self.let(
+                    f"{shifts[var.index]} + {folded[var.index]['shifted']} / "
+                    f"{float(var.size)!r}", "r")
 
     def accumulate(self, reduction: Reduction, value: str, acc: dict[Slot, str],
                    shift: str | None) -> None:
@@ -197,7 +199,8 @@ class KernelWriter(ValueWriter):
             mean = self.let(f"tl.sum({tile}, axis=1)[:, None] / {float(n)!r}")
             deviation = self.let(f"tl.where({self.masks['both']}, {tile} - {mean}, 0.0)")
             squares = self.let(f"tl.sum({deviation} * {deviation}, axis=1)[:, None]")
-            return {"shifted": self.let(f"tl.zeros_like({squares})"), "squares": squares}
+            return {"shifted": self.let(f"tl.zeros_like({squares})"), "squares": squares,
+                    "mean": mean}
         return {name: self.let(self.fold_one(kind, name, tile)) for name, tile in slot.items()}
 
     @staticmethod
@@ -270,8 +273,11 @@ class KernelWriter(ValueWriter):
         if self.schedule.resident_per_sm:
             # PASSES (the launch's blocks over its programs) is a constant: a loop's bounds must
             # be, under the interpreter. A last pass past the blocks is masked off by its rows.
+            # A persistent pass has no loop inside it, so the next block's loads can be issued
+            # while this one's outputs are stored (the software pipeliner's two stages).
             each = self.name("each")
-            self.line(f"for {each} in range(PASSES):")
+            passes = "tl.range(PASSES, num_stages=2)" if self.persistent else "range(PASSES)"
+            self.line(f"for {each} in {passes}:")
             self.depth += 1
             block = self.let(f"tl.program_id(0) + {each} * tl.num_programs(0)", "block", "index")
         self.rows = self.let(f"{block}{index} * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)[:, None]",
