@@ -27,6 +27,7 @@ from generators.compiler.launches import (
 from generators.compiler.plan import Kernel, Reduction, variance_means
 from generators.compiler.schedule import Schedule
 from generators.triton.expressions import tl_dtype
+from generators.triton.hoist import invariants_hoisted
 from generators.triton.values import ValueWriter
 
 NEUTRAL = {"sum": "0.0", "mean": "0.0", "prod": "1.0", "amax": "float('-inf')",
@@ -270,6 +271,7 @@ class KernelWriter(ValueWriter):
         kernel = self.kernel
         index = ".to(tl.int64)" if self.wide else ""
         block = "tl.program_id(0)"
+        passes_at = None
         if self.schedule.resident_per_sm:
             # PASSES (the launch's blocks over its programs) is a constant: a loop's bounds must
             # be, under the interpreter. A last pass past the blocks is masked off by its rows.
@@ -277,6 +279,7 @@ class KernelWriter(ValueWriter):
             # while this one's outputs are stored (the software pipeliner's two stages).
             each = self.name("each")
             passes = "tl.range(PASSES, num_stages=2)" if self.persistent else "range(PASSES)"
+            passes_at = len(self.lines)
             self.line(f"for {each} in {passes}:")
             self.depth += 1
             block = self.let(f"tl.program_id(0) + {each} * tl.num_programs(0)", "block", "index")
@@ -296,7 +299,8 @@ class KernelWriter(ValueWriter):
                 self.level(reductions)
         if final:
             self.outputs()
-        return unread_dropped(self.lines, _ASSIGNMENT, "#")
+        lines = self.lines if passes_at is None else invariants_hoisted(self.lines, passes_at)
+        return unread_dropped(lines, _ASSIGNMENT, "#")
 
     def outputs(self) -> None:
         kernel = self.kernel
