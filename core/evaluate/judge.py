@@ -24,6 +24,7 @@ import time
 import traceback
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, suppress
 from pathlib import Path
 
@@ -42,7 +43,7 @@ from core.evaluate.judge_timing import (
     time_both,
     timing_label,
 )
-from core.evaluate.kernel_report import KernelReport, with_cuda_sources
+from core.evaluate.kernel_report import KernelReport, cuda_sources_report, with_cuda_report
 from core.evaluate.launchers import LauncherFolder
 from core.evaluate.memory import ProblemBytes, candidate_limits, problem_bytes
 from core.evaluate.transport import PAGE
@@ -95,6 +96,7 @@ class Judge:
         self.count = 0
         self.held_for_the_dead = False
         self.launchers = LauncherFolder(zygote.launchers) if zygote.launchers else None
+        self.reports = ThreadPoolExecutor(1, thread_name_prefix="kiln-cuda-report")
 
     @classmethod
     def start(cls, folder: Path, device: str) -> Judge:
@@ -215,6 +217,9 @@ class Judge:
                    on_phase: Callable[[str], None], clock: PhaseClock) -> None:
         device = torch.device(config.device)
         base = config.input_seed if config.input_seed is not None else secrets.randbelow(1 << 31)
+        # The CUDA sources' figures come from nvcc run again here: started now, it runs while
+        # the candidate's process builds and its trials are checked, not after them.
+        cuda_report = self.reports.submit(cuda_sources_report, source)
         clock.start("compile")
         deadline = time.monotonic() + config.compile_timeout_s
         models.candidate.build(candidate_path, module_name, problem.init_inputs(),
@@ -256,8 +261,8 @@ class Judge:
         for trial in trials:
             trial.copies = None
         verdict.correct = True
-        report = with_cuda_sources(
-            KernelReport.from_dict(models.candidate.kernel_report(deadline)), source)
+        report = with_cuda_report(
+            KernelReport.from_dict(models.candidate.kernel_report(deadline)), cuda_report.result())
         verdict.kernel_report = report.to_dict()
         verdict.library_ops = sorted(models.library_ops)
         verdict.kernel_launches = models.launches

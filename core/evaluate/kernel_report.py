@@ -337,8 +337,22 @@ def candidate_report(module: ModuleType, source: str) -> KernelReport:
 
 def with_cuda_sources(report: KernelReport, source: str) -> KernelReport:
     """`report` (the Triton kernels', read where the candidate ran) with its CUDA sources'."""
+    return with_cuda_report(report, cuda_sources_report(source))
+
+
+def cuda_sources_report(source: str) -> KernelReport:
+    """The figures of a candidate's CUDA sources, each compiled again by nvcc (a second or so
+    of CPU work a source, which a judge starts beside the candidate's own build)."""
+    found = KernelReport()
     for cuda in cuda_sources(source):
         part = cuda_source_report(cuda)
-        report.kernels += part.kernels
-        report.notes += part.notes
+        found.kernels += part.kernels
+        found.notes += part.notes
+    return found
+
+
+def with_cuda_report(report: KernelReport, cuda: KernelReport) -> KernelReport:
+    """`report` (the Triton kernels', read where the candidate ran) with `cuda`'s."""
+    report.kernels += cuda.kernels
+    report.notes += cuda.notes
     return report

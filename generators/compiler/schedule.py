@@ -60,8 +60,8 @@ SPLIT_BELOW_PER_SM = 2
 FILL_PER_SM = 4
 # Rows held whole longer than this also get a draft of RESIDENT_ROWS_PER_SM programs an SM
 # striding over them, each pass's loads issued while the last pass stores: the row writer's
-# persistent schedule, whose kernels won softmax and layer_norm over the compiler's by 1-1.5 %
-# (bench/NOTES.md, round of 2026-12-07 00:17 UTC).
+# persistent schedule (its kernels led the compiler's on softmax and layer_norm: bench/NOTES.md,
+# round of 2026-12-07 00:17 UTC).
 RESIDENT_ROWS_FROM = 1024
 RESIDENT_ROWS_PER_SM = 4
 # Columns a step of the tall draft for rows side by side, on rows longer than that.
@@ -193,13 +193,14 @@ def drafts(kernel: Kernel) -> list[tuple[Schedule, str]]:
             block_rows = max(1, min(_pow2(rows), MAX_TILE // columns,
                                     max(16, ROWS_TILE // columns)))
             warps = 8 if columns * block_rows >= 4096 else 4
+            # A row a program: the row writer's warps, faster than 16 on softmax 8192²
+            # (bench/NOTES.md, round of 2026-12-07 07:51 UTC).
+            row_warps = 4 if columns <= 2048 else 8 if columns <= 8192 else 16
             persistent = [(Schedule(block_rows, columns, warps),
                            f"persistent: each row's {loop} values in registers, {block_rows} "
                            "row(s) a program"),
-                          (Schedule(1, columns, max(4, min(16, columns // 512))),
-                           "persistent, one row a program")]
+                          (Schedule(1, columns, row_warps), "persistent, one row a program")]
             if columns > RESIDENT_ROWS_FROM:
-                row_warps = 4 if columns <= 2048 else 8 if columns <= 8192 else 16
                 persistent.append((
                     Schedule(1, columns, row_warps, resident_per_sm=RESIDENT_ROWS_PER_SM),
                     f"persistent, long rows of {loop}: {RESIDENT_ROWS_PER_SM} programs per SM "
