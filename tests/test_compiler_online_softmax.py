@@ -104,3 +104,13 @@ def test_rows_with_infinities_and_nans_match_pytorch_in_both_tiers(tmp_path, bod
             got = load_module(path, f"special_{tier}").ModelNew()(x)
         assert torch.equal(torch.isnan(got), torch.isnan(expected)), (tier, got)
         torch.testing.assert_close(torch.nan_to_num(got), torch.nan_to_num(expected))
+
+
+@pytest.mark.parametrize("body", ["torch.softmax(x, dim=-1)", "torch.log_softmax(x, dim=-1)"])
+def test_a_row_held_whole_in_registers_takes_each_exponential_once(tmp_path, body):
+    program, _ = _kernel(tmp_path, body, "torch.randn(6, 40)")
+    held = write_program(program, Schedule(1, 64, 4), "softmax")
+    assert "for step" not in held and held.count("tl.exp(") == 1, held
+    # Looped, the sum is still taken in the max's walk.
+    looped = write_program(program, Schedule(1, 16, 4), "softmax")
+    assert len(re.findall(r"for step\d+ in range\(", looped)) == 2, looped

@@ -142,9 +142,10 @@ def frame(program: Program, schedule: Schedule) -> Frame:
     for k, step in enumerate(program.steps):
         kernel = step.kernel
         chosen = (schedule if k == main else drafts(kernel)[0][0]).fitted(kernel)
-        if chosen.keep_row and not chosen.grid_blocks:
+        if (chosen.keep_row and not chosen.grid_blocks) or chosen.persistent(kernel):
             # A row's blocks of the GPU keep the online sum: a second walk would cost them a
-            # second barrier in global memory.
+            # second barrier in global memory. A row held whole in registers is walked again
+            # for nothing, and the exponentials of its sum are then its outputs' too.
             kernel = without_online_sums(kernel)
         for i, value in enumerate(kernel.graph.outputs):
             if step.writes[i].startswith("out"):

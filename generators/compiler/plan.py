@@ -287,9 +287,10 @@ def _online_sums(kernel: Kernel) -> None:
 
 def without_online_sums(kernel: Kernel) -> Kernel:
     """`kernel` with each online sum a walk of its own again, after its max's. For schedules
-    that keep a row on chip in a block or a cluster: walking it again there costs less than the
-    online sum's exponentials, each waiting on the last value's max (bench/NOTES.md, 2026-12-06
-    18:14 UTC: 23_Softmax's kept cluster in one walk and in two)."""
+    that keep a row on chip in a block or a cluster, or hold it whole in registers: walking it
+    again there costs less than the online sum's exponentials, each waiting on the last value's
+    max, and the outputs reuse the sum's (bench/NOTES.md, 2026-12-06 18:14 UTC: 23_Softmax's
+    kept cluster in one walk and in two; 2026-12-07 08:22 UTC: softmax 8192² held whole)."""
     if all(r.online_of is None for r in kernel.reductions):
         return kernel
     return replace(kernel, reductions=[
