@@ -35,7 +35,6 @@ LADDERS: dict[str, tuple[int | bool | str, ...]] = {
     "blocks_per_sm": (1, 2, 4, 8, 16),
     "threads": (64, 128, 256, 512, 1024),
     "rows_per_block": (1, 2, 4, 8),
-    "rows": (1, 2, 4, 8, 16),
     "persistent": (False, True),
     "programs_per_sm": (1, 2, 4, 8),
     "cluster": (2, 4, 8),
@@ -64,7 +63,6 @@ WHY_UP: dict[str, str] = {
     "blocks_per_sm": "more resident blocks per SM to hide latency",
     "threads": "more threads per block in flight",
     "rows_per_block": "several rows per block amortize launch and reduction overhead",
-    "rows": "more rows per program share one launch and reduce together",
     "persistent": "a few programs per SM loop over the rows, loading one block while the "
                   "previous one is stored",
     "programs_per_sm": "more programs per SM to hide memory latency",
@@ -97,7 +95,6 @@ WHY_DOWN: dict[str, str] = {
     "blocks_per_sm": "fewer blocks, each looping over more of the grid",
     "threads": "fewer threads, more registers each",
     "rows_per_block": "fewer rows per block, more blocks",
-    "rows": "fewer rows per program, fewer registers and more programs",
     "persistent": "one program per block of rows, scheduled by the hardware",
     "programs_per_sm": "fewer programs per SM, each looping over more of the work",
     "cluster": "fewer blocks share a set: fewer cluster barriers and partial sums to merge",
@@ -128,7 +125,7 @@ WHY_DOWN: dict[str, str] = {
 # along the contiguous dimension. Compute-bound: larger matrix tiles that reuse each load more, more
 # warps to issue the math. Excess traffic: larger matrix tiles (each operand is read fewer times),
 # fewer partial results.
-_FEWER_REGISTERS = (("block", -1), ("rows", -1), ("rows_per_block", -1),
+_FEWER_REGISTERS = (("block", -1), ("rows_per_block", -1),
                     ("block_columns", -1), ("block_rows", -1), ("block_m", -1), ("block_n", -1),
                     ("block_k", -1), ("num_warps", 1), ("vector_bytes", -1), ("num_stages", -1),
                     ("held", -1))
@@ -137,7 +134,7 @@ PREFERRED: dict[str, tuple[tuple[str, int], ...]] = {
     REGISTER_LIMITED: _FEWER_REGISTERS,
     SHARED_LIMITED: (("num_stages", -1), ("block_k", -1), ("block_m", -1), ("block_n", -1),
                      ("rows_per_block", -1), ("held", 1), ("keep_row", -1)),
-    LATENCY_BOUND: (("block", 1), ("rows", 1), ("rows_per_block", 1), ("num_stages", 1),
+    LATENCY_BOUND: (("block", 1), ("block_rows", 1), ("rows_per_block", 1), ("num_stages", 1),
                     ("persistent", 1), ("blocks_per_sm", 1), ("programs_per_sm", 1),
                     ("num_warps", 1), ("threads", 1), ("held", 1), ("splits", 1),
                     ("block_columns", 1), ("resident_per_sm", 1)),

@@ -33,7 +33,6 @@ from generators.triton.group_norm import GroupNormConfig, write_group_norm
 from generators.triton.matmul import MatmulConfig, write_triton_matmul
 from generators.triton.pointwise import PointwiseConfig, write_pointwise
 from generators.triton.program import compiled_drafts, write_compiled
-from generators.triton.row_reduction import RowConfig, write_row_reduction
 
 
 @dataclass(frozen=True)
@@ -83,25 +82,6 @@ def _conv_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
         drafts.append((PointwiseConfig(block=4096, num_warps=8),
                        f"large output: 4096-element tiles over channel rows of {plane}, "
                        "8 warps, more bytes in flight"))
-    return drafts
-
-
-def _row_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
-    # The row is the last dimension of the largest input (an output may be the reduced one).
-    largest = max(graph.inputs, key=lambda info: info.numel)
-    row = largest.shape[-1] if largest.shape else 1
-    warps = 4 if row <= 2048 else 8 if row <= 8192 else 16
-    drafts: list[tuple[object, str]] = [
-        (RowConfig(num_warps=warps), f"one row of {row} per program, {warps} warps")]
-    if row <= 1024:
-        # A power of two (the rows are a tl.arange), 4 to 16, near 4096 values a program.
-        rows = 1 << (min(16, max(4, 4096 // max(row, 1))).bit_length() - 1)
-        drafts.append((RowConfig(num_warps=4, rows=rows),
-                       f"short rows of {row}: {rows} rows per program amortize the launch"))
-    else:
-        drafts.append((RowConfig(num_warps=warps, persistent=True),
-                       f"long rows of {row}: 4 persistent programs per SM, {warps} warps, "
-                       "the next row's loads in flight while the last is stored"))
     return drafts
 
 
@@ -215,7 +195,6 @@ def _cuda_compiled_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
 
 WRITERS = (
     Writer("pointwise", "triton", write_pointwise, PointwiseConfig, _pointwise_drafts),
-    Writer("reduction", "triton", write_row_reduction, RowConfig, _row_drafts),
     Writer("reduction", "triton", write_group_norm, GroupNormConfig, _group_norm_drafts),
     Writer("reduction", "triton", write_batch_norm, BatchNormConfig, _batch_norm_drafts),
     Writer("pointwise", "triton", write_compiled, Schedule, compiled_drafts),

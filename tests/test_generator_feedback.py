@@ -19,6 +19,7 @@ from core.evaluate.diagnosis import (
     UNCOALESCED,
 )
 from generators.base import Feedback, Parent, Proposal
+from generators.compiler.schedule import Schedule
 from generators.cuda.cluster_shares import ClusterNormConfig
 from generators.cuda.pointwise import CudaPointwiseConfig, write_cuda_pointwise
 from generators.llm.prompt import describe_feedback
@@ -26,7 +27,6 @@ from generators.mutations import diagnosed_neighbours, neighbours
 from generators.rules import RulesGenerator
 from generators.triton.matmul import MatmulConfig
 from generators.triton.pointwise import PointwiseConfig, write_pointwise
-from generators.triton.row_reduction import RowConfig
 
 
 @pytest.fixture
@@ -89,7 +89,7 @@ def test_without_a_diagnosis_the_order_is_unchanged(pointwise):
 
 
 def test_the_diagnosed_order_keeps_every_step():
-    settings = RowConfig(num_warps=4, rows=2, num_stages=2)
+    settings = Schedule(block_rows=2, num_warps=4, resident_per_sm=2)
     plain = neighbours(settings)
     for code in (SPILLING, LATENCY_BOUND, NEAR_FLOOR_CODE, "unknown"):
         ordered = diagnosed_neighbours(settings, f"{code}: numbers")
@@ -98,11 +98,11 @@ def test_the_diagnosed_order_keeps_every_step():
 
 
 @pytest.mark.parametrize("code,knob,value", [
-    (SPILLING, "rows", 1),
-    (LATENCY_BOUND, "rows", 4),
+    (SPILLING, "block_columns", 512),  # fewer values a thread first: narrower column blocks
+    (LATENCY_BOUND, "block_rows", 4),
 ])
-def test_row_reductions_move_rows_per_program(code, knob, value):
-    (first, *_) = diagnosed_neighbours(RowConfig(rows=2), f"{code}: numbers")
+def test_compiled_reductions_move_rows_per_program(code, knob, value):
+    (first, *_) = diagnosed_neighbours(Schedule(block_rows=2), f"{code}: numbers")
     assert getattr(first.settings, knob) == value, first.rationale
 
 
