@@ -22,14 +22,14 @@ def found_ids(app) -> list[int]:
 
 def test_search_finds_the_kernel_by_its_rationale(store_env):
     with open_reader(store_env.path) as reader:
-        target = next(c for c in reader.candidates() if "hide memory latency" in c.rationale)
-        ranked = [c.id for c in reader.search("hide memory latency")]
-    app = open_page("kernels.py", q="hide memory latency")
+        target = next(c for c in reader.candidates() if "wider column blocks" in c.rationale)
+        ranked = [c.id for c in reader.search("wider column blocks")]
+    app = open_page("kernels.py", q="wider column blocks")
     assert found_ids(app) == ranked
     assert ranked[0] == target.id
     row = app.dataframe[0].value.iloc[0]
     assert row["rationale"] == target.rationale
-    assert "[hide] [memory] [latency]" in row["snippet"]
+    assert "[wider] [column] [blocks]" in row["snippet"]
 
 
 def test_search_by_the_text_of_a_source(store_env):
@@ -61,8 +61,8 @@ def test_filters_narrow_the_list(store_env):
     assert set(app.dataframe[0].value["verdict"]) == {"correct, slower"}
     gpu.set_value([store_env_gpu(store_env)]).run()
     assert sorted(found_ids(app)) == expected
-    app.text_input[0].set_value("hide memory latency").run()
-    assert found_ids(app) == [c.id for c in candidates if "hide memory" in c.rationale]
+    app.text_input[0].set_value("wider column blocks").run()
+    assert found_ids(app) == [c.id for c in candidates if "wider column" in c.rationale]
     family.set_value(["matmul"]).run()
     assert found_ids(app) == []
     assert "No kernel matches" in app.info[0].value
@@ -85,12 +85,12 @@ def test_bad_full_text_syntax_is_explained(store_env):
 
 def test_words_match_the_start_of_words_as_in_the_store(store_env):
     with open_reader(store_env.path) as reader:
-        target = next(c for c in reader.candidates() if "hide memory latency" in c.rationale)
-        ranked = [c.id for c in reader.search("hid mem laten", limit=200)]
+        target = next(c for c in reader.candidates() if "wider column blocks" in c.rationale)
+        ranked = [c.id for c in reader.search("wide colu lon", limit=200)]
         gpu = reader.run(target.run_id).gpu
-    app = open_page("kernels.py", q="hid mem laten")
+    app = open_page("kernels.py", q="wide colu lon")
     assert found_ids(app) == ranked
     assert ranked[0] == target.id
     row = app.dataframe[0].value.iloc[0]
-    assert "[hide] [memory] [latency]" in row["snippet"]
+    assert "[wider] [column] blocks: [longer]" in row["snippet"]
     assert row["gpu"] == gpu
