@@ -7,9 +7,13 @@ from __future__ import annotations
 import json
 import sqlite3
 
+import pytest
+
+from core.evaluate.config import EvalConfig
+from core.evaluate.evaluator import item_configs
 from core.evaluate.verdict import Reason, Verdict
 from core.optimize.run import feedback_of
-from core.search.best_counters import profile_best, unprofiled_best, with_counters
+from core.search.best_counters import merge_counters, source_of, unprofiled_best, with_counters
 from core.search.tree import SiteSearch
 from generators.base import Feedback, Proposal
 from tests.test_list_sites_cli import run_cli
@@ -53,24 +57,32 @@ def test_profiling_stores_each_best_once_and_steers_its_children():
     search = tree([0.5, 0.2, 0.3])
     first = {i: Verdict(correct=True, latency_ms=search_latency)
              for i, search_latency in ((1, 0.5), (2, 0.2), (3, 0.3))}
-    judged: list[list[int]] = []
     stored: dict[int, Verdict] = {}
-
-    def judge(nodes):
-        judged.append([n.candidate_id for n in nodes])
-        return [Verdict(correct=True, latency_ms=9.9, counters=COUNTERS,
-                        diagnosis=f"excess memory traffic: kernel {n.candidate_id}")
-                for n in nodes]
-
     profiled: set[int] = set()
-    verdicts = profile_best(search, 2, profiled, first, judge, stored.__setitem__)
-    assert judged == [[2, 3]] and sorted(stored) == [2, 3] and profiled == {2, 3}
+    nodes = unprofiled_best(search, 2, profiled)
+    assert [source_of(n) for n in nodes] == ["source 2", "source 3"]
+    judged = [Verdict(correct=True, latency_ms=9.9, counters=COUNTERS,
+                      diagnosis=f"excess memory traffic: kernel {n.candidate_id}") for n in nodes]
+    verdicts = merge_counters(nodes, judged, profiled, first, stored.__setitem__)
+    assert sorted(stored) == [2, 3] and profiled == {2, 3}
     assert [v.latency_ms for v in verdicts] == [0.2, 0.3]
     node = next(n for n in search.nodes() if n.candidate_id == 2)
     assert node.feedback.diagnosis == "excess memory traffic: kernel 2"
     assert node.feedback.latency_ms == 0.2
-    assert profile_best(search, 2, profiled, first, judge, stored.__setitem__) == []
-    assert judged == [[2, 3]], "a kernel was profiled twice"
+    assert unprofiled_best(search, 2, profiled) == [], "a kernel would be profiled twice"
+    with pytest.raises(ValueError, match="no kernel to judge"):
+        source_of(search.root)
+
+
+def test_each_item_is_judged_with_counters_or_without_as_flagged():
+    config = EvalConfig(device="cpu")
+    plain, profiled, also_plain = item_configs(config, 3, [False, True, False])
+    assert plain == also_plain == config and profiled == config.with_counters()
+    assert profiled != config
+    assert item_configs(config, 2, True) == [config.with_counters()] * 2
+    assert item_configs(config, 2, False) == [config] * 2
+    with pytest.raises(ValueError, match="1 counters flags for 2 items"):
+        item_configs(config, 2, [True])
 
 
 def test_without_feedback_the_generator_sees_no_diagnosis():
@@ -113,3 +125,25 @@ def test_a_negative_counter_count_is_refused(tmp_path):
     assert result.returncode == 2
     assert "--counters -1 is negative" in result.stderr
     assert not (tmp_path / "kiln.db").exists()
+
+
+def test_counters_are_read_beside_the_next_round_and_the_last_best_at_the_end(tmp_path):
+    db = tmp_path / "kiln.db"
+    result = run_cli("tests.models:make_mlp", "--device", "cpu", "--json", "--db", str(db),
+                     "--max-candidates", "12", "--sites", "1", "--workers", "2",
+                     "--trials", "2", "--warmup", "0", "--counters", "1", "--no-e2e",
+                     "--out", str(tmp_path / "out"))
+    assert result.returncode == 0, result.stderr
+    rows = [(ident, candidate, json.loads(verdict)) for ident, candidate, verdict in
+            sqlite3.connect(db).execute("SELECT id, candidate_id, verdict FROM verdicts "
+                                        "ORDER BY id")]
+    again = {candidate: ident for ident, candidate, verdict in rows if verdict["counters"]}
+    first = {candidate: (ident, verdict) for ident, candidate, verdict in reversed(rows)
+             if not verdict["counters"]}
+    assert all(first[candidate][0] < ident for candidate, ident in again.items()), rows
+    # A read stored before the verdicts of candidates judged in the same round as it.
+    assert any(ident < first_ident for ident in again.values()
+               for first_ident, _ in first.values()), rows
+    # And when the search ends, the fastest kernel has been read, whenever it came.
+    timed = {c: v["latency_ms"] for c, (_, v) in first.items() if v["correct"]}
+    assert min(timed, key=timed.__getitem__) in again, rows

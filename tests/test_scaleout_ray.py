@@ -127,8 +127,9 @@ class SourceTimed:
     def evaluate(self, problem_path, source: str) -> Verdict:
         return self.evaluate_many([(problem_path, source)])[0]
 
-    def evaluate_many(self, batch: list[tuple[Path, str]]) -> list[Verdict]:
-        verdicts = self.inner.evaluate_many(batch)
+    def evaluate_many(self, batch: list[tuple[Path, str]],
+                      counters: bool | list[bool] = False) -> list[Verdict]:
+        verdicts = self.inner.evaluate_many(batch, counters)
         for (_, source), verdict in zip(batch, verdicts, strict=True):
             if verdict.correct:
                 digest = int(hashlib.sha256(source.encode()).hexdigest()[:8], 16)

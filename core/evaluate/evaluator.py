@@ -84,6 +84,17 @@ def screen(problem_path: str | Path, source: str, config: EvalConfig) -> Verdict
                    sorted(problem_anchors(problem_source)))
 
 
+def item_configs(config: EvalConfig, count: int, counters: bool | Sequence[bool]
+                 ) -> list[EvalConfig]:
+    """The config of each of `count` items: with hardware counters for all (`counters` True),
+    for none, or for those whose flag in `counters` is set."""
+    flags = [counters] * count if isinstance(counters, bool) else list(counters)
+    if len(flags) != count:
+        raise ValueError(f"{len(flags)} counters flags for {count} items")
+    profiled = config.with_counters() if any(flags) else config
+    return [profiled if flag else config for flag in flags]
+
+
 def job(problem_path: str | Path, source: str, config: EvalConfig
         ) -> Callable[[Callable[[Request], Verdict]], Verdict]:
     def run(on_worker: Callable[[Request], Verdict]) -> Verdict:
@@ -124,12 +135,14 @@ class Evaluator:
     def evaluate(self, problem_path: str | Path, candidate_source: str) -> Verdict:
         return self.evaluate_many([(problem_path, candidate_source)])[0]
 
-    def evaluate_many(self, items: Sequence[tuple[str | Path, str]], counters: bool = False
-                      ) -> list[Verdict]:
+    def evaluate_many(self, items: Sequence[tuple[str | Path, str]],
+                      counters: bool | Sequence[bool] = False) -> list[Verdict]:
         """Verdicts in the order of `items`, keeping every worker busy. `counters`: with
-        hardware counters (`core.evaluate.counters`) for each, which takes seconds a candidate."""
-        config = self.config.with_counters() if counters else self.config
-        return self.pool.map([job(path, source, config) for path, source in items])
+        hardware counters (`core.evaluate.counters`), which take seconds a candidate, for each
+        item, or for those whose flag is set."""
+        configs = item_configs(self.config, len(items), counters)
+        return self.pool.map([job(path, source, config)
+                              for (path, source), config in zip(items, configs, strict=True)])
 
 
 _shared: dict[str, Evaluator] = {}

@@ -29,7 +29,7 @@ from typing import Any
 
 import core
 from core.evaluate.config import EvalConfig
-from core.evaluate.evaluator import screen
+from core.evaluate.evaluator import item_configs, screen
 from core.evaluate.verdict import Reason, Verdict
 from core.evaluate.worker import Request, Worker
 from core.runtime.errors import KilnInputError
@@ -182,16 +182,17 @@ class RayEvaluator:
     def evaluate(self, problem_path: str | Path, candidate_source: str) -> Verdict:
         return self.evaluate_many([(problem_path, candidate_source)])[0]
 
-    def evaluate_many(self, items: Sequence[tuple[str | Path, str]], counters: bool = False
-                      ) -> list[Verdict]:
+    def evaluate_many(self, items: Sequence[tuple[str | Path, str]],
+                      counters: bool | Sequence[bool] = False) -> list[Verdict]:
         """Verdicts in the order of `items`; at most one task per GPU in flight, so a task's
-        deadline counts from when it can start. `counters`: with hardware counters."""
+        deadline counts from when it can start. `counters`: with hardware counters, for each
+        item or for those whose flag is set."""
         ray = self.ray
-        config = self.config.with_counters() if counters else self.config
-        deadline_s = self.deadline_s(config)
+        configs = item_configs(self.config, len(items), counters)
+        deadline_s = max((self.deadline_s(c) for c in configs), default=0.0)
         results: list[Verdict | None] = [None] * len(items)
         requests: dict[int, Request] = {}
-        for index, (path, source) in enumerate(items):
+        for index, ((path, source), config) in enumerate(zip(items, configs, strict=True)):
             began = time.monotonic()
             screened = screen(path, source, config)
             if isinstance(screened, Verdict):

@@ -36,12 +36,12 @@ from core.optimize.config import OptimizeConfig, minutes_spent, run_settings
 from core.optimize.e2e import EndToEnd, EndToEndCheck
 from core.optimize.interrupt import GracefulStop
 from core.optimize.report import note_declines
-from core.optimize.site_run import SiteRun, feedback_of, site_priority
+from core.optimize.site_run import SiteRun, feedback_of, headroom_ms, site_priority
 from core.profile.pipeline import ProfiledModel, profile_sites
 from core.profile.progress import Progress
 from core.profile.sites import Site
 from core.runtime.errors import KilnInputError, error_line, out_of_memory
-from core.search.best_counters import profile_best
+from core.search.best_counters import merge_counters, source_of, unprofiled_best
 from core.search.tree import Node, SiteSearch
 from core.timing.device_lock import device_lock_path, shared_device
 from core.timing.precision import fp32_matmuls
@@ -122,7 +122,14 @@ class OptimizeRun:
 
         def evaluate(proposals: list[Proposal]) -> list[Feedback]:
             run = holder["run"]
-            verdicts = evaluator.evaluate_many([(problem, p.source) for p in proposals])
+            # The best kernels' counters, queued after the last round, read beside this one.
+            profiled, run.to_profile = run.to_profile, []
+            verdicts = evaluator.evaluate_many(
+                [(problem, p.source) for p in proposals]
+                + [(problem, source_of(n)) for n in profiled],
+                counters=[False] * len(proposals) + [True] * len(profiled))
+            self._merge_counters(run, profiled, verdicts[len(proposals):])
+            verdicts = verdicts[:len(proposals)]
             for proposal, verdict in zip(proposals, verdicts, strict=True):
                 run.verdicts[id(proposal)] = verdict
                 run.note_baseline(verdict.baseline_ms)
@@ -227,6 +234,7 @@ class OptimizeRun:
                 if state is not None:
                     self._restore(runs, state.candidates, evaluator)
                 self._search(runs, total, evaluator)
+                self._flush_counters(runs, evaluator)
             self.stop.check()
             if config.e2e:
                 doing = "checking the model end to end"
@@ -346,16 +354,31 @@ class OptimizeRun:
             if proposal.tier == "cuda":
                 run.tiers = ("triton", "cuda")
 
-    def _counters(self, run: SiteRun, evaluator: Evaluator | RayEvaluator) -> None:
-        """Hardware counters for the site's best few kernels, once each."""
-        if not (self.config.counters and self.config.feedback):
+    def _queue_counters(self, run: SiteRun) -> None:
+        """The site's best few kernels without hardware counters, to be read beside its next
+        round of candidates (`_search` reads those left at the end)."""
+        if self.config.counters and self.config.feedback:
+            run.to_profile = unprofiled_best(run.search, self.config.counters, run.profiled)
+
+    def _flush_counters(self, runs: list[SiteRun], evaluator: Evaluator | RayEvaluator
+                        ) -> None:
+        """The counters still queued when the search ends, read for every site at once."""
+        queued = [(run, node) for run in runs for node in run.to_profile]
+        verdicts = evaluator.evaluate_many(
+            [(run.site.folder / "problem.py", source_of(node)) for run, node in queued],
+            counters=True) if queued else []
+        for run in runs:
+            mine = [(node, v) for (owner, node), v in zip(queued, verdicts, strict=True)
+                    if owner is run]
+            self._merge_counters(run, [node for node, _ in mine], [v for _, v in mine])
+            run.to_profile = []
+
+    def _merge_counters(self, run: SiteRun, nodes: list[Node], judged: list[Verdict]) -> None:
+        """The counters read for the site's `nodes` merged into their verdicts, and said."""
+        if not nodes:
             return
-        problem = run.site.folder / "problem.py"
-        verdicts = profile_best(
-            run.search, self.config.counters, run.profiled, run.stored,
-            lambda nodes: evaluator.evaluate_many(
-                [(problem, n.proposal.source) for n in nodes], counters=True),
-            self.store.add_verdict)
+        verdicts = merge_counters(nodes, judged, run.profiled, run.stored,
+                                  self.store.add_verdict)
         read = [v for v in verdicts if v.counters and v.counters["kernels"]]
         if read:
             self.progress.step(f"{run.site.key}: hardware counters read for {len(read)} of its "
@@ -381,7 +404,7 @@ class OptimizeRun:
             done = run.search.step(limit=limit)
             run.steps += 1
             self.evaluated += done
-            self._counters(run, evaluator)
+            self._queue_counters(run)
             best = run.search.best
             speed = run.search.baseline_ms / best.latency_ms if best else 1.0
             self.progress.step(
@@ -419,12 +442,6 @@ class OptimizeRun:
             return {**record, "best": {"candidate_id": None, "tier": "torch",
                                        "latency_ms": None, "speedup": 1.0}}
         return {**record, **self._site_result(searched)}
-
-
-def headroom_ms(time_ms: float | None, floor_ms: float | None) -> float:
-    """What a site could gain: its time scaled by how far it sits above its floor."""
-    time_ms, floor_ms = time_ms or 0.0, floor_ms or 0.0
-    return time_ms * (1 - floor_ms / max(time_ms, 1e-9))
 
 
 def _model_hash(profiled: ProfiledModel) -> str:

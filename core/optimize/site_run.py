@@ -10,7 +10,7 @@ from core.evaluate import Verdict
 from core.optimize.e2e import SiteGain
 from core.profile.sites import Site
 from core.runtime.guarded import SiteKernel
-from core.search.tree import SiteSearch
+from core.search.tree import Node, SiteSearch
 from generators.base import Feedback
 
 
@@ -23,6 +23,8 @@ class SiteRun:
     verdicts: dict[int, Verdict] = field(default_factory=dict)  # by id() of the proposal
     stored: dict[int, Verdict] = field(default_factory=dict)  # by candidate id
     profiled: set[int] = field(default_factory=set)  # candidate ids with counters
+    # Best kernels whose counters are read beside the site's next round of candidates.
+    to_profile: list[Node] = field(default_factory=list)
     eager_samples: list[float] = field(default_factory=list)  # the site's eager times, ms
     compile_ms: float | None = None
     steps: int = 0  # search steps taken in this run
@@ -65,6 +67,12 @@ class SiteRun:
         floor = self.site.cost.floor_ms
         best = self.search.best_ms
         return max(0.0, 1.0 - floor / best) if best > 0 else 0.0
+
+
+def headroom_ms(time_ms: float | None, floor_ms: float | None) -> float:
+    """What a site could gain: its time scaled by how far it sits above its floor."""
+    time_ms, floor_ms = time_ms or 0.0, floor_ms or 0.0
+    return time_ms * (1 - floor_ms / max(time_ms, 1e-9))
 
 
 def site_priority(run: SiteRun, total_ms: float) -> tuple[bool, float]:

@@ -1,11 +1,12 @@
 """Hardware counters for the best few kernels of a site, and the sharper diagnosis they give.
 
 After each round of a site's search, its `count` fastest correct kernels that have no counters yet
-are judged once more, with Nsight Compute reading their counters (`core.evaluate.counters`). The
-search ranked them by their first timing, so their verdict keeps it; it takes the counters and the
-diagnosis drawn with them, and is stored as the candidate's latest verdict. The node's feedback
-takes the new diagnosis, so the generator's next children of that kernel answer what the counters
-showed.
+are judged once more, with Nsight Compute reading their counters (`core.evaluate.counters`),
+beside the site's next round of candidates rather than between rounds (a read takes seconds of
+one worker, which would leave the others idle). The search ranked them by their first timing, so
+their verdict keeps it; it takes the counters and the diagnosis drawn with them, and is stored as
+the candidate's latest verdict. The node's feedback takes the new diagnosis, so the generator's
+later children of that kernel answer what the counters showed.
 """
 
 from __future__ import annotations
@@ -35,18 +36,21 @@ def with_counters(first: Verdict, profiled: Verdict) -> Verdict:
     return replace(first, counters=profiled.counters, diagnosis=profiled.diagnosis)
 
 
-def profile_best(search: SiteSearch, count: int, profiled: set[int],
-                 first_verdicts: dict[int, Verdict],
-                 judge: Callable[[list[Node]], list[Verdict]],
-                 store: Callable[[int, Verdict], None]) -> list[Verdict]:
-    """Counters for the best `count` kernels that lack them; their new verdicts.
-    `first_verdicts` holds each candidate's verdict by id, `judge` judges nodes with counters,
-    `store` keeps a candidate's new verdict."""
-    nodes = unprofiled_best(search, count, profiled)
-    if not nodes:
-        return []
+def source_of(node: Node) -> str:
+    """A kernel node's candidate source, to judge it again."""
+    if node.proposal is None:
+        raise ValueError("the root stands for PyTorch's reference: it has no kernel to judge")
+    return node.proposal.source
+
+
+def merge_counters(nodes: list[Node], verdicts: list[Verdict], profiled: set[int],
+                   first_verdicts: dict[int, Verdict],
+                   store: Callable[[int, Verdict], None]) -> list[Verdict]:
+    """Each node's verdict judged again with counters (`verdicts`, in the order of `nodes`)
+    merged into its first one (`first_verdicts`, by candidate id), kept by `store`, and its
+    diagnosis given to the node's feedback; the merged verdicts."""
     merged_verdicts = []
-    for node, verdict in zip(nodes, judge(nodes), strict=True):
+    for node, verdict in zip(nodes, verdicts, strict=True):
         assert node.candidate_id is not None and node.feedback is not None
         merged = with_counters(first_verdicts[node.candidate_id], verdict)
         store(node.candidate_id, merged)
