@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from pathlib import Path
 
 import pytest
 
@@ -92,15 +93,22 @@ def test_without_feedback_the_generator_sees_no_diagnosis():
     assert feedback_of(verdict, 0.1, diagnosis=False).latency_ms == 0.2
 
 
-def test_a_cpu_run_profiles_its_best_kernel_and_notes_why_there_are_no_counters(tmp_path):
+def counted_cpu_run(tmp_path, candidates: int, workers: int) -> tuple[Path, str]:
+    """A CPU run of the small MLP's first site reading counters for its best kernel: the store
+    and what the run printed on stderr."""
     db = tmp_path / "kiln.db"
     result = run_cli("tests.models:make_mlp", "--device", "cpu", "--json", "--db", str(db),
-                     "--max-candidates", "4", "--sites", "1", "--workers", "1",
-                     "--trials", "2", "--warmup", "0", "--counters", "1", "--no-e2e",
-                     "--out", str(tmp_path / "out"))
+                     "--max-candidates", str(candidates), "--sites", "1", "--workers",
+                     str(workers), "--trials", "2", "--warmup", "0", "--counters", "1",
+                     "--no-e2e", "--out", str(tmp_path / "out"))
     assert result.returncode == 0, result.stderr
+    return db, result.stderr
+
+
+def test_a_cpu_run_profiles_its_best_kernel_and_notes_why_there_are_no_counters(tmp_path):
+    db, stderr = counted_cpu_run(tmp_path, candidates=4, workers=1)
     assert "no hardware counters for 1 kernel(s): hardware counters need a CUDA device" \
-        in result.stderr
+        in stderr
     rows = sqlite3.connect(db).execute(
         "SELECT candidate_id, id, verdict FROM verdicts ORDER BY id").fetchall()
     by_candidate: dict[int, list[dict]] = {}
@@ -128,12 +136,7 @@ def test_a_negative_counter_count_is_refused(tmp_path):
 
 
 def test_counters_are_read_beside_the_next_round_and_the_last_best_at_the_end(tmp_path):
-    db = tmp_path / "kiln.db"
-    result = run_cli("tests.models:make_mlp", "--device", "cpu", "--json", "--db", str(db),
-                     "--max-candidates", "12", "--sites", "1", "--workers", "2",
-                     "--trials", "2", "--warmup", "0", "--counters", "1", "--no-e2e",
-                     "--out", str(tmp_path / "out"))
-    assert result.returncode == 0, result.stderr
+    db, _ = counted_cpu_run(tmp_path, candidates=12, workers=2)
     rows = [(ident, candidate, json.loads(verdict)) for ident, candidate, verdict in
             sqlite3.connect(db).execute("SELECT id, candidate_id, verdict FROM verdicts "
                                         "ORDER BY id")]
