@@ -33,6 +33,7 @@ from core.evaluate import EvalConfig, Evaluator, Verdict
 from core.evaluate.memory import JUDGE_FACTOR, device_step, model_bytes, problem_bytes
 from core.evaluate.site_baseline import time_site
 from core.optimize.config import OptimizeConfig, minutes_spent, run_settings
+from core.optimize.counter_reads import CounterReads
 from core.optimize.e2e import EndToEnd, EndToEndCheck
 from core.optimize.interrupt import GracefulStop
 from core.optimize.report import note_declines
@@ -41,7 +42,6 @@ from core.profile.pipeline import ProfiledModel, profile_sites
 from core.profile.progress import Progress
 from core.profile.sites import Site
 from core.runtime.errors import KilnInputError, error_line, out_of_memory
-from core.search.best_counters import merge_counters, source_of, unprofiled_best
 from core.search.tree import Node, SiteSearch
 from core.timing.device_lock import device_lock_path, shared_device
 from core.timing.precision import fp32_matmuls
@@ -78,6 +78,8 @@ class OptimizeRun:
         self.spent_minutes = 0.0  # what a resumed run ran before this process took it over
         self.evaluated = 0
         self.stop = GracefulStop(progress)
+        self.counter_reads = CounterReads(config.counters if config.feedback else 0,
+                                          self.store.add_verdict, progress.step)
 
     def _generator(self) -> Generator:
         made: list[Generator] = []
@@ -122,14 +124,8 @@ class OptimizeRun:
 
         def evaluate(proposals: list[Proposal]) -> list[Feedback]:
             run = holder["run"]
-            # The best kernels' counters, queued after the last round, read beside this one.
-            profiled, run.to_profile = run.to_profile, []
-            verdicts = evaluator.evaluate_many(
-                [(problem, p.source) for p in proposals]
-                + [(problem, source_of(n)) for n in profiled],
-                counters=[False] * len(proposals) + [True] * len(profiled))
-            self._merge_counters(run, profiled, verdicts[len(proposals):])
-            verdicts = verdicts[:len(proposals)]
+            verdicts = self.counter_reads.beside(
+                run, problem, [(problem, p.source) for p in proposals], evaluator)
             for proposal, verdict in zip(proposals, verdicts, strict=True):
                 run.verdicts[id(proposal)] = verdict
                 run.note_baseline(verdict.baseline_ms)
@@ -234,7 +230,7 @@ class OptimizeRun:
                 if state is not None:
                     self._restore(runs, state.candidates, evaluator)
                 self._search(runs, total, evaluator)
-                self._flush_counters(runs, evaluator)
+                self.counter_reads.flush(runs, evaluator)
             self.stop.check()
             if config.e2e:
                 doing = "checking the model end to end"
@@ -354,41 +350,6 @@ class OptimizeRun:
             if proposal.tier == "cuda":
                 run.tiers = ("triton", "cuda")
 
-    def _queue_counters(self, run: SiteRun) -> None:
-        """The site's best few kernels without hardware counters, to be read beside its next
-        round of candidates (`_search` reads those left at the end)."""
-        if self.config.counters and self.config.feedback:
-            run.to_profile = unprofiled_best(run.search, self.config.counters, run.profiled)
-
-    def _flush_counters(self, runs: list[SiteRun], evaluator: Evaluator | RayEvaluator
-                        ) -> None:
-        """The counters still queued when the search ends, read for every site at once."""
-        queued = [(run, node) for run in runs for node in run.to_profile]
-        verdicts = evaluator.evaluate_many(
-            [(run.site.folder / "problem.py", source_of(node)) for run, node in queued],
-            counters=True) if queued else []
-        for run in runs:
-            mine = [(node, v) for (owner, node), v in zip(queued, verdicts, strict=True)
-                    if owner is run]
-            self._merge_counters(run, [node for node, _ in mine], [v for _, v in mine])
-            run.to_profile = []
-
-    def _merge_counters(self, run: SiteRun, nodes: list[Node], judged: list[Verdict]) -> None:
-        """The counters read for the site's `nodes` merged into their verdicts, and said."""
-        if not nodes:
-            return
-        verdicts = merge_counters(nodes, judged, run.profiled, run.stored,
-                                  self.store.add_verdict)
-        read = [v for v in verdicts if v.counters and v.counters["kernels"]]
-        if read:
-            self.progress.step(f"{run.site.key}: hardware counters read for {len(read)} of its "
-                               "best kernels")
-        if len(read) < len(verdicts):
-            missing = next(v for v in verdicts if v not in read)
-            notes = (missing.counters or {}).get("notes") or ["(no note)"]
-            self.progress.step(f"{run.site.key}: no hardware counters for "
-                               f"{len(verdicts) - len(read)} kernel(s): {notes[0]}")
-
     def _search(self, runs: list[SiteRun], total_ms: float,
                 evaluator: Evaluator | RayEvaluator) -> None:
         while not self._out_of_budget():
@@ -404,7 +365,7 @@ class OptimizeRun:
             done = run.search.step(limit=limit)
             run.steps += 1
             self.evaluated += done
-            self._queue_counters(run)
+            self.counter_reads.queue(run)
             best = run.search.best
             speed = run.search.baseline_ms / best.latency_ms if best else 1.0
             self.progress.step(
