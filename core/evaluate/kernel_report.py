@@ -345,9 +345,7 @@ def cuda_sources_report(source: str) -> KernelReport:
     of CPU work a source, which a judge starts beside the candidate's own build)."""
     found = KernelReport()
     for cuda in cuda_sources(source):
-        part = cuda_source_report(cuda)
-        found.kernels += part.kernels
-        found.notes += part.notes
+        with_cuda_report(found, cuda_source_report(cuda))
     return found
 
 

@@ -34,13 +34,13 @@ class CounterReads:
         if self.count:
             run.to_profile = unprofiled_best(run.search, self.count, run.profiled)
 
-    def beside(self, run: SiteRun, problem: Path, items: list[tuple[Path, str]],
+    def beside(self, run: SiteRun, items: list[tuple[Path, str]],
                evaluator: Evaluator | RayEvaluator) -> list[Verdict]:
         """The verdicts of a round's `items`, judged together with the site's queued reads,
         which are merged here."""
         queued, run.to_profile = run.to_profile, []
         verdicts = evaluator.evaluate_many(
-            [*items, *((problem, source_of(node)) for node in queued)],
+            [*items, *((run.problem, source_of(node)) for node in queued)],
             counters=[False] * len(items) + [True] * len(queued))
         self.merge(run, queued, verdicts[len(items):])
         return verdicts[:len(items)]
@@ -49,7 +49,7 @@ class CounterReads:
         """The reads still queued when the search ends, made for every site at once."""
         queued = [(run, node) for run in runs for node in run.to_profile]
         verdicts = evaluator.evaluate_many(
-            [(run.site.folder / "problem.py", source_of(node)) for run, node in queued],
+            [(run.problem, source_of(node)) for run, node in queued],
             counters=True) if queued else []
         for run in runs:
             mine = [(node, v) for (owner, node), v in zip(queued, verdicts, strict=True)

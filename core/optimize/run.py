@@ -125,7 +125,7 @@ class OptimizeRun:
         def evaluate(proposals: list[Proposal]) -> list[Feedback]:
             run = holder["run"]
             verdicts = self.counter_reads.beside(
-                run, problem, [(problem, p.source) for p in proposals], evaluator)
+                run, [(problem, p.source) for p in proposals], evaluator)
             for proposal, verdict in zip(proposals, verdicts, strict=True):
                 run.verdicts[id(proposal)] = verdict
                 run.note_baseline(verdict.baseline_ms)
@@ -277,7 +277,7 @@ class OptimizeRun:
                 continue
             self.progress.step(f"{run.site.key}: timing PyTorch eager"
                                + (" and torch.compile" if compiled else ""))
-            problem = run.site.folder / "problem.py"
+            problem = run.problem
             try:
                 with device_step(eval_config.device, problem_bytes(problem).needed):
                     baseline = time_site(problem, eval_config, compiled)
@@ -330,7 +330,7 @@ class OptimizeRun:
             run = by_site.get(candidate.summary.site_id)
             if run is None:
                 continue
-            problem = run.site.folder / "problem.py"
+            problem = run.problem
             proposal = Proposal(candidate.source, candidate.summary.tier,
                                 candidate.summary.generator, candidate.summary.rationale,
                                 candidate.settings or {})

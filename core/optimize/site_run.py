@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from core.evaluate import Verdict
 from core.optimize.e2e import SiteGain
@@ -28,6 +29,11 @@ class SiteRun:
     eager_samples: list[float] = field(default_factory=list)  # the site's eager times, ms
     compile_ms: float | None = None
     steps: int = 0  # search steps taken in this run
+
+    @property
+    def problem(self) -> Path:
+        """The site problem its candidates are judged on."""
+        return self.site.folder / "problem.py"
 
     @property
     def eager_ms(self) -> float | None:
