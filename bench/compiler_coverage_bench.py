@@ -4,9 +4,10 @@
                                             [--out DIR]
 
 Each problem (default: every file of bench/kernelbench_dev) is profiled as `--list-sites`
-profiles it; for each pointwise and reduction site, the compiler either declines (the table says
-why, naming the op) or writes its first draft, which the evaluator judges: correct or not, and on
-a GPU its time against the site's eager PyTorch. `--shrink` first makes every module-level size
+profiles it; for each pointwise, reduction and conv site (cuDNN's convolution, then the rest),
+the compiler either declines (the table says why, naming the op) or writes its first draft,
+which the evaluator judges: correct or not, and on a GPU its time against the site's eager
+PyTorch. `--shrink` first makes every module-level size
 of a problem small (for the CPU, where Triton runs under its interpreter): the sites keep their
 ops, not their sizes. The table is printed and written to DIR/compiler_coverage.md.
 """
@@ -28,13 +29,14 @@ from generators.compiler.site import declined  # noqa: E402
 from generators.rules import RulesGenerator  # noqa: E402
 
 DEV = Path(__file__).resolve().parent / "kernelbench_dev"
-FAMILIES = ("pointwise", "reduction")
+FAMILIES = ("pointwise", "reduction", "conv")
 
 
 @dataclass
 class Row:
     problem: str
     site: str
+    family: str
     signature: str
     outcome: str  # "correct", "wrong: ...", "declined: ...", "no draft: ..."
     speedup: float | None = None
@@ -112,7 +114,7 @@ def judge_sites(name: str, sites: list[dict], evaluator: Evaluator, timed: bool)
     generator = RulesGenerator()
     for site in sites:
         problem = Path(site["problem"])
-        row = Row(name, site["id"], site["signature"][:60], "")
+        row = Row(name, site["id"], site["family"], site["signature"][:60], "")
         reason = declined(problem)
         if reason:
             row.outcome = f"declined: {reason[:90]}"
@@ -132,16 +134,18 @@ def judge_sites(name: str, sites: list[dict], evaluator: Evaluator, timed: bool)
 
 
 def table(rows: list[Row]) -> str:
-    lines = ["| problem | site | signature | compiler | vs eager |",
-             "| --- | --- | --- | --- | --- |"]
+    lines = ["| problem | site | family | signature | compiler | vs eager |",
+             "| --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         speed = "-" if r.speedup is None else f"{r.speedup:.2f}x"
-        lines.append(f"| {r.problem} | {r.site} | {r.signature.replace('|', '/')} | "
+        lines.append(f"| {r.problem} | {r.site} | {r.family} | {r.signature.replace('|', '/')} | "
                      f"{r.outcome.replace('|', '/')} | {speed} |")
-    correct = sum(r.outcome == "correct" for r in rows)
-    refused = [r for r in rows if r.outcome.startswith("declined")]
-    lines.append(f"\n{len(rows)} pointwise and reduction sites: {correct} with a correct kernel, "
-                 f"{len(refused)} declined, {len(rows) - correct - len(refused)} otherwise.")
+    for family in FAMILIES:
+        mine = [r for r in rows if r.family == family]
+        correct = sum(r.outcome == "correct" for r in mine)
+        refused = sum(r.outcome.startswith("declined") for r in mine)
+        lines.append(f"\n{len(mine)} {family} sites: {correct} with a correct kernel, "
+                     f"{refused} declined, {len(mine) - correct - refused} otherwise.")
     return "\n".join(lines)
 
 
@@ -167,7 +171,7 @@ def main() -> int:
             try:
                 sites = sites_of(problem, args.device, args.out / "sites")
             except Exception as err:  # a problem the profiler refuses is a row, not a stop
-                rows.append(Row(problem.stem, "-", "-", f"not profiled: {err}"[:120]))
+                rows.append(Row(problem.stem, "-", "-", "-", f"not profiled: {err}"[:120]))
                 continue
             rows += judge_sites(problem.stem, sites, evaluator, args.device == "cuda")
             print(table(rows[-len(sites):] if sites else []).splitlines()[-1], file=sys.stderr)

@@ -26,9 +26,8 @@ from core.profile.load import import_file  # noqa: E402
 from core.runtime.errors import KilnInputError, exit_on_input_error  # noqa: E402
 from core.timing.model_timing import rotation_sets, time_model  # noqa: E402
 from generators.site_graph import load_site_graph  # noqa: E402
-from generators.triton.conv import write_conv_epilogue  # noqa: E402
 from generators.triton.matmul import MatmulConfig, write_triton_matmul  # noqa: E402
-from generators.triton.pointwise import PointwiseConfig  # noqa: E402
+from generators.triton.program import compiled_drafts, write_compiled  # noqa: E402
 
 MATMUL_CONFIGS = [
     MatmulConfig(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3),
@@ -36,7 +35,6 @@ MATMUL_CONFIGS = [
     MatmulConfig(block_m=128, block_n=128, block_k=32, group_m=8, num_warps=4, num_stages=4),
     MatmulConfig(block_m=64, block_n=128, block_k=64, group_m=8, num_warps=4, num_stages=4),
 ]
-EPILOGUE_CONFIGS = [PointwiseConfig(1024, 4), PointwiseConfig(2048, 8), PointwiseConfig(4096, 8)]
 
 
 @dataclass(frozen=True)
@@ -86,13 +84,14 @@ def compiled_ms(problem: Path, warmup: int, trials: int) -> float:
     return time_model(model, input_sets, device, warmup, trials).median_ms
 
 
-def candidates(site: Site, small_problem: Path) -> list[tuple[str, str]]:
-    # The generated source is shape-generic, so the graph is read from the small twin: capturing
-    # the full-size site would run its convolution on the CPU.
-    graph = load_site_graph(small_problem)
+def candidates(site: Site, problem: Path, small_problem: Path) -> list[tuple[str, str]]:
+    """The matmul writer's settings (its source is shape-generic: written from the small twin),
+    or a conv site's compiled drafts (written for the site's own shapes)."""
     if site.family == "matmul":
+        graph = load_site_graph(small_problem)
         return [(c.describe(), write_triton_matmul(graph, c)) for c in MATMUL_CONFIGS]
-    return [(c.describe(), write_conv_epilogue(graph, c)) for c in EPILOGUE_CONFIGS]
+    graph = load_site_graph(problem)
+    return [(s.describe(), write_compiled(graph, s)) for s, _ in compiled_drafts(graph)]
 
 
 def check_site(site: Site, folder: Path, config: EvalConfig) -> None:
@@ -104,7 +103,7 @@ def check_site(site: Site, folder: Path, config: EvalConfig) -> None:
     print(f"\n{site.name}: torch.compile {compiled:.3f} ms")
     print("| config | verdict | ms | eager ms | vs eager | vs compile | max rel err |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
-    for label, source in candidates(site, small):
+    for label, source in candidates(site, problem, small):
         verdict = evaluate(problem, source, config)
         if not verdict.accepted:
             print(f"| {label} | rejected: {verdict.reason.splitlines()[0]} | | | | | |")

@@ -50,7 +50,6 @@ from generators.cuda.program import write_cuda_compiled  # noqa: E402
 from generators.rules import WRITERS  # noqa: E402
 from generators.site_graph import SiteGraph, Unsupported, load_site_graph  # noqa: E402
 from generators.triton.matmul import MatmulConfig, write_triton_matmul  # noqa: E402
-from generators.triton.pointwise import PointwiseConfig, write_pointwise  # noqa: E402
 from generators.triton.program import write_compiled  # noqa: E402
 
 
@@ -159,9 +158,9 @@ def matmul_settings(graph: SiteGraph) -> list[tuple[str, str]]:
 
 
 def pointwise_settings(graph: SiteGraph) -> list[tuple[str, str]]:
-    configs = [PointwiseConfig(block, warps) for block in (1024, 2048, 4096, 8192)
-               for warps in (1, 2, 4, 8)]
-    return [(config.describe(), write_pointwise(graph, config)) for config in configs]
+    schedules = [Schedule(1, block, warps) for block in (1024, 2048, 4096, 8192)
+                 for warps in (1, 2, 4, 8)]
+    return [(schedule.describe(), write_compiled(graph, schedule)) for schedule in schedules]
 
 
 def dim_settings(graph: SiteGraph) -> list[tuple[str, str]]:

@@ -1,10 +1,11 @@
-"""Rules pointwise kernels on broadcast layouts, on a GPU: accepted? how close to the byte floor?
-Prints one table; writes nothing outside a temporary folder.
+"""Compiled pointwise kernels (and the CUDA pointwise writer's) on broadcast layouts, on a GPU:
+accepted? how close to the byte floor? Prints one table; writes nothing outside a temporary
+folder.
 
     python bench/pointwise_layouts_bench.py [--trials 100] [--warmup 10] [--only NAME]
 
 Each site is a pointwise chain (or a conv with its epilogue) whose inputs broadcast in one of
-the patterns the rows × columns view handles: a row bias, a column scale, per-channel batch
+the patterns the compiler's rows and columns handle: a row bias, a column scale, per-channel batch
 norm, a scalar-like (1, 1), a transposed input. Every config is judged by the evaluator (its
 correctness checks and its timing against eager); torch.compile is timed here by the same rules.
 Targets: memory-bound sites at >= 85% of the byte floor (bytes at 4.3 TB/s); the conv site
@@ -29,10 +30,8 @@ from core.profile.roofline import GpuPeaks  # noqa: E402
 from core.runtime.errors import KilnInputError, exit_on_input_error  # noqa: E402
 from generators.cuda.pointwise import CudaPointwiseConfig, write_cuda_pointwise  # noqa: E402
 from generators.site_graph import SiteGraph, load_site_graph  # noqa: E402
-from generators.triton.conv import write_conv_epilogue  # noqa: E402
-from generators.triton.pointwise import PointwiseConfig, write_pointwise  # noqa: E402
+from generators.triton.program import compiled_drafts, write_compiled  # noqa: E402
 
-TRITON_CONFIGS = [PointwiseConfig(1024, 4), PointwiseConfig(2048, 8), PointwiseConfig(4096, 8)]
 CUDA_CONFIGS = [CudaPointwiseConfig(), CudaPointwiseConfig(threads=512, blocks_per_sm=8)]
 N = 8192
 BN = "torch.nn.functional.batch_norm({}, m, v, g, b, False, 0.1, 1e-5)"
@@ -90,10 +89,12 @@ def problem_source(site: Site, shapes: list[str]) -> str:
 
 
 def candidates(site: Site, graph: SiteGraph) -> list[tuple[str, str]]:
+    compiled = [(f"triton {s.describe()}", write_compiled(graph, s))
+                for s, _ in compiled_drafts(graph)]
     if site.family == "conv":
-        return [(f"triton {c.describe()}", write_conv_epilogue(graph, c)) for c in TRITON_CONFIGS]
-    return ([(f"triton {c.describe()}", write_pointwise(graph, c)) for c in TRITON_CONFIGS]
-            + [(f"cuda {c.describe()}", write_cuda_pointwise(graph, c)) for c in CUDA_CONFIGS])
+        return compiled
+    return compiled + [(f"cuda {c.describe()}", write_cuda_pointwise(graph, c))
+                       for c in CUDA_CONFIGS]
 
 
 def check_site(site: Site, folder: Path, config: EvalConfig) -> None:

@@ -28,10 +28,8 @@ from generators.mutations import diagnosed_neighbours
 from generators.site_graph import SiteGraph, Unsupported, load_site_graph
 from generators.triton.attention import AttentionConfig, attention_drafts, write_attention
 from generators.triton.batch_norm import BatchNormConfig, write_batch_norm
-from generators.triton.conv import write_conv_epilogue
 from generators.triton.group_norm import GroupNormConfig, write_group_norm
 from generators.triton.matmul import MatmulConfig, write_triton_matmul
-from generators.triton.pointwise import PointwiseConfig, write_pointwise
 from generators.triton.program import compiled_drafts, write_compiled
 
 
@@ -61,28 +59,6 @@ class Writer:
     def _settings(self, proposal: Proposal) -> object:
         return self.settings_type(**{k: v for k, v in proposal.settings.items()
                                      if k != "writer"})
-
-
-def _pointwise_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
-    numel = graph.info(graph.outputs[0]).numel
-    drafts = [(PointwiseConfig(), "one pass in tiles of 1024 elements over the output's rows × "
-                                  "columns, broadcast inputs read per column or once per row")]
-    if numel >= 1 << 22:
-        drafts.append((PointwiseConfig(block=4096, num_warps=8),
-                       "large tensor: BLOCK 4096 with 8 warps keeps more bytes in flight"))
-    return drafts
-
-
-def _conv_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
-    conv = graph.ops[0].out if graph.ops else graph.info(graph.outputs[0])
-    plane = conv.numel // max(1, conv.shape[0] * conv.shape[1]) if len(conv.shape) > 2 else 1
-    drafts = [(PointwiseConfig(), f"epilogue in channel rows of {plane}: per-channel "
-                                  "parameters loaded once per row, 1024-element tiles")]
-    if conv.numel >= 1 << 22:
-        drafts.append((PointwiseConfig(block=4096, num_warps=8),
-                       f"large output: 4096-element tiles over channel rows of {plane}, "
-                       "8 warps, more bytes in flight"))
-    return drafts
 
 
 def _group_norm_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
@@ -194,14 +170,13 @@ def _cuda_compiled_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
 
 
 WRITERS = (
-    Writer("pointwise", "triton", write_pointwise, PointwiseConfig, _pointwise_drafts),
     Writer("reduction", "triton", write_group_norm, GroupNormConfig, _group_norm_drafts),
     Writer("reduction", "triton", write_batch_norm, BatchNormConfig, _batch_norm_drafts),
     Writer("pointwise", "triton", write_compiled, Schedule, compiled_drafts),
     Writer("reduction", "triton", write_compiled, Schedule, compiled_drafts),
     Writer("matmul", "triton", write_triton_matmul, MatmulConfig, _matmul_drafts),
-    Writer("conv", "triton", write_conv_epilogue, PointwiseConfig, _conv_drafts),
-    Writer("conv", "triton", write_compiled, Schedule, compiled_drafts),  # depthwise ones
+    # A conv site's kernels: cuDNN's convolution, then what follows it (a depthwise one: all).
+    Writer("conv", "triton", write_compiled, Schedule, compiled_drafts),
     Writer("attention", "triton", write_attention, AttentionConfig, attention_drafts),
     Writer("pointwise", "cuda", write_cuda_pointwise, CudaPointwiseConfig,
            _cuda_pointwise_drafts),
@@ -212,7 +187,7 @@ WRITERS = (
            follows="write_compiled"),
     Writer("reduction", "cuda", write_cuda_compiled, Schedule, _cuda_compiled_drafts,
            follows="write_compiled"),
-    Writer("conv", "cuda", write_cuda_compiled, Schedule, compiled_drafts,
+    Writer("conv", "cuda", write_cuda_compiled, Schedule, _cuda_compiled_drafts,
            follows="write_compiled"),
 )
 
@@ -299,6 +274,7 @@ class RulesGenerator:
             candidates = self._seeds(graph, parent, writers)
         children: list[Proposal] = []
         reasons: dict[str, None] = {}  # each writer's reason once, in the writers' order
+        duplicates = 0
         for writer, settings, why in candidates:
             if len(children) == n:
                 break
@@ -309,10 +285,13 @@ class RulesGenerator:
                 continue
             digest = source_digest(source)
             if digest in seen:
+                duplicates += 1
                 continue
             seen.add(digest)
             children.append(Proposal(source, writer.tier, self.name, why,
                                      {"writer": writer.write.__name__, **asdict(settings)}))
-        declined = "" if children else ("; ".join(reasons) or "every child was a duplicate")
+        if duplicates:
+            reasons["every other child it could write was a duplicate"] = None
+        declined = "" if children else "; ".join(reasons)
         return Proposals(children, declined)
 

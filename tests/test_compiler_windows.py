@@ -1,5 +1,6 @@
 """Pooling and depthwise convolution as sites of the kernel compiler: how they are cut into sites,
-drafted by the rules generator and judged; the rest of the conv family stays with cuDNN."""
+drafted by the rules generator and judged; other convolutions are cuDNN's, called before the
+kernels."""
 
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ def test_the_first_draft_is_judged_correct(params, body, inputs, tmp_path):
 
 @pytest.mark.parametrize(("params", "body", "inputs", "reason"), [
     ("x, w", "F.conv2d(x, w)", "torch.randn(1, 4, 6, 6), torch.randn(2, 4, 3, 3)",
-     "not depthwise"),
+     "nothing for a kernel to do"),
     ("x", "F.max_pool2d(x, 2, ceil_mode=True)", "torch.randn(1, 2, 5, 5)", "ceil_mode"),
     ("x", "F.max_pool2d(x, 2, return_indices=True)[1].float()", "torch.randn(1, 2, 4, 4)",
      "indices of a max pooling"),

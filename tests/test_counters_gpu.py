@@ -14,7 +14,7 @@ from generators.compiler.program import plan_program
 from generators.compiler.schedule import Schedule
 from generators.cuda.program import write_cuda_program
 from generators.site_graph import load_site_graph
-from generators.triton.pointwise import PointwiseConfig, write_pointwise
+from generators.triton.program import write_compiled
 from tests.kernel_checks import one_input_problem
 
 pytestmark = pytest.mark.gpu
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.gpu
 
 def pointwise_site(folder: Path) -> tuple[Path, str]:
     path = one_input_problem(folder, "torch.relu(x * 2.0)", "torch.randn(8192, 8192)")
-    return path, write_pointwise(load_site_graph(path), PointwiseConfig(block=4096, num_warps=8))
+    return path, write_compiled(load_site_graph(path), Schedule(1, 4096, 8))
 
 
 @pytest.fixture(scope="module")

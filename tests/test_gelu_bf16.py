@@ -6,10 +6,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from generators.compiler.schedule import Schedule
 from generators.cuda.pointwise import CudaPointwiseConfig, write_cuda_pointwise
 from generators.op_table import GELU_EXP2_CUBIC, GELU_EXP2_SCALE
 from generators.site_graph import load_site_graph
-from generators.triton.pointwise import PointwiseConfig, write_pointwise
+from generators.triton.program import write_compiled
 from tests.kernel_checks import one_input_problem
 
 
@@ -32,9 +33,9 @@ def units_apart(actual: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
 
 def test_triton_gelu_of_bf16_values_is_one_unit_of_pytorchs_at_most(tmp_path):
     path = one_input_problem(tmp_path, "torch.nn.functional.gelu(x)",
-                             "torch.randn(37, 211).bfloat16() * 2")
-    source = write_pointwise(load_site_graph(path), PointwiseConfig(block=1024))
-    assert "gelu_bf16(x0)" in source and "def gelu_exact" not in source
+                             "torch.randn(200, 200).bfloat16() * 2")
+    source = write_compiled(load_site_graph(path), Schedule(1, 1024, 4))
+    assert "= gelu_bf16(" in source and "def gelu_exact" not in source
     namespace: dict = {}
     exec(compile(source, "model_new.py", "exec"), namespace)
     # The bf16 values from -8 to 8, and randn draws, as the site's rank-2 input.
@@ -59,8 +60,8 @@ def test_triton_gelu_of_bf16_values_is_one_unit_of_pytorchs_at_most(tmp_path):
 def test_fp32_and_fp16_gelu_keep_the_exact_form(dtype, tmp_path):
     path = one_input_problem(tmp_path, "torch.nn.functional.gelu(x)",
                              f"torch.randn(8, 8).to({dtype})")
-    source = write_pointwise(load_site_graph(path), PointwiseConfig(block=64))
-    assert "gelu_exact(x0)" in source and "gelu_bf16" not in source
+    source = write_compiled(load_site_graph(path), Schedule(1, 64, 4))
+    assert "= gelu_exact(" in source and "gelu_bf16" not in source
 
 
 @pytest.mark.parametrize("dtype,form", [(torch.bfloat16, "exp2f("), (torch.float16, "erff("),

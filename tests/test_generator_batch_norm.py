@@ -11,7 +11,7 @@ from core.evaluate import EvalConfig, evaluate
 from generators.rules import RulesGenerator
 from generators.site_graph import Unsupported, load_site_graph
 from generators.triton.batch_norm import BatchNormConfig, write_batch_norm
-from tests.test_generator_pointwise import check
+from tests.test_compiler_elementwise import check
 
 BN = "torch.nn.functional.batch_norm"
 # name: (forward's arguments, body, argument shapes)

@@ -1,4 +1,5 @@
-"""Rules Triton for conv sites: the vendor conv kept, bias and epilogue fused into one pass."""
+"""Compiled conv sites: cuDNN's convolution called without its bias, the bias and everything
+after it one kernel (`generators.compiler.library`)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ import pytest
 import torch
 
 from core.evaluate import EvalConfig, evaluate
+from generators.compiler.schedule import Schedule
 from generators.site_graph import Unsupported, load_site_graph
-from generators.triton.conv import write_conv_epilogue
-from generators.triton.pointwise import PointwiseConfig
+from generators.triton.program import write_compiled
 from tests.kernel_checks import assert_matches, run_beside_problem
 from tests.test_site_problems import import_problem
 
@@ -31,8 +32,12 @@ def write_problem(path: Path, conv: str, epilogue: list[str], shapes: dict[str, 
     return path
 
 
-def check(problem_path: Path, config: PointwiseConfig) -> str:
-    source = write_conv_epilogue(load_site_graph(problem_path), config)
+def write(problem_path: Path, schedule: Schedule) -> str:
+    return write_compiled(load_site_graph(problem_path), schedule)
+
+
+def check(problem_path: Path, schedule: Schedule) -> str:
+    source = write(problem_path, schedule)
     actual, expected = run_beside_problem(source, problem_path, 5)
     assert_matches(actual, expected, problem_path.read_text())
     return source
@@ -45,8 +50,8 @@ def test_conv_batch_norm_residual_relu_like_resnet(dtype, tmp_path):
         [BN, "v + r", "torch.relu(v)"],
         {"x": "2, 3, 7, 9", "w": "5, 3, 3, 3", "mean": "5", "var": "5", "g": "5", "b": "5",
          "r": "2, 5, 7, 9"}, dtype)
-    source = check(path, PointwiseConfig(block=64))
-    assert "torch.nn.functional.conv2d(in0, in1, None, 1, 1)" in source
+    source = check(path, Schedule(4, 64, 4))
+    assert "in7 = torch.nn.functional.conv2d(in0, in1, None, [1, 1], [1, 1], [1, 1], 1)" in source
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -54,23 +59,23 @@ def test_conv_bias_is_fused_into_the_epilogue(dtype, tmp_path):
     path = write_problem(
         tmp_path / "problem.py", "torch.nn.functional.conv2d(x, w, cb, 2, 1, 1, 2)",
         ["v * 0.5", "torch.nn.functional.silu(v)"],
-        {"x": "3, 4, 11, 5", "w": "6, 2, 3, 3", "cb": "6"}, dtype)
-    source = check(path, PointwiseConfig(block=32, num_warps=2))
-    assert "conv2d(in0, in1, None, 2, 1, 1, 2)" in source
-    assert "in2.reshape(1, -1, 1, 1)" in source
-    assert "conv2d (torch, no bias) → bias → mul → silu" in source.splitlines()[0]
+        {"x": "3, 4, 16, 12", "w": "6, 2, 3, 3", "cb": "6"}, dtype)
+    source = check(path, Schedule(2, 16, 2))
+    assert "in3 = torch.nn.functional.conv2d(in0, in1, None, [2, 2], [1, 1], [1, 1], 2)" in source
+    # The bias is added in the kernel, read once a row of the conv's output (a channel).
+    assert "tl.load(in2 + " in source and "mask=rmask" in source
 
 
 def test_conv1d_and_conv_transpose_epilogues(tmp_path):
     conv1d = write_problem(
         tmp_path / "conv1d.py", "torch.nn.functional.conv1d(x, w, cb, padding=2)",
         ["torch.tanh(v)"], {"x": "2, 3, 13", "w": "4, 3, 5", "cb": "4"}, torch.float32)
-    check(conv1d, PointwiseConfig(block=16))
+    check(conv1d, Schedule(2, 16, 4))
     transposed = write_problem(
         tmp_path / "transposed.py", "torch.nn.functional.conv_transpose2d(x, w, cb, 2)",
         ["torch.nn.functional.leaky_relu(v, 0.1)"],
         {"x": "1, 3, 5, 4", "w": "3, 2, 3, 3", "cb": "2"}, torch.float32)
-    check(transposed, PointwiseConfig(block=128))
+    check(transposed, Schedule(1, 128, 4))
 
 
 def test_candidates_pass_the_evaluator(tmp_path):
@@ -79,7 +84,7 @@ def test_candidates_pass_the_evaluator(tmp_path):
         [BN, "torch.relu(v)"],
         {"x": "2, 3, 6, 7", "w": "4, 3, 3, 3", "cb": "4", "mean": "4", "var": "4", "g": "4",
          "b": "4"}, torch.float32)
-    verdict = evaluate(path, write_conv_epilogue(load_site_graph(path), PointwiseConfig(64)),
+    verdict = evaluate(path, write(path, Schedule(1, 64, 4)),
                        EvalConfig(device="cpu", time=False))
     assert verdict.correct, verdict.reason
     assert verdict.library_ops == ["aten.convolution"] and verdict.kernel_launches == 1
@@ -93,7 +98,7 @@ def test_channel_rows_with_bias_batch_norm_and_residual_are_accepted(dtype, tmp_
         [BN, "v + r", "torch.nn.functional.gelu(v)"],
         {"x": "3, 4, 5, 7", "w": "6, 4, 3, 3", "cb": "6", "mean": "6", "var": "6", "g": "6",
          "b": "6", "r": "3, 6, 5, 7"}, dtype)
-    source = write_conv_epilogue(load_site_graph(path), PointwiseConfig(block=32))
+    source = write(path, Schedule(1, 32, 4))
     verdict = evaluate(path, source, EvalConfig(device="cpu", time=False))
     assert verdict.correct, f"{dtype}: {verdict.reason}\n{source}"
 
@@ -115,8 +120,8 @@ def test_other_layouts_take_the_general_split(draw, epilogue, extra, tmp_path):
                                  "torch.randn(2, 4, 5, 6).transpose(2, 3)"))
     inputs = import_problem(path).get_inputs()
     assert draw.endswith("channels_last)") != inputs[0].is_contiguous()
-    check(path, PointwiseConfig(block=16, num_warps=2))
-    verdict = evaluate(path, write_conv_epilogue(load_site_graph(path), PointwiseConfig(64)),
+    check(path, Schedule(2, 16, 2))
+    verdict = evaluate(path, write(path, Schedule(1, 64, 4)),
                        EvalConfig(device="cpu", time=False))
     assert verdict.correct, verdict.reason
 
@@ -124,8 +129,8 @@ def test_other_layouts_take_the_general_split(draw, epilogue, extra, tmp_path):
 def test_a_bare_conv_leaves_nothing_to_fuse(tmp_path):
     path = write_problem(tmp_path / "problem.py", "torch.nn.functional.conv2d(x, w)", ["v"],
                          {"x": "1, 2, 5, 5", "w": "3, 2, 3, 3"}, torch.float32)
-    with pytest.raises(Unsupported, match="no epilogue"):
-        write_conv_epilogue(load_site_graph(path), PointwiseConfig())
+    with pytest.raises(Unsupported, match="nothing for a kernel to do"):
+        write(path, Schedule())
 
 
 @pytest.mark.gpu
@@ -136,7 +141,7 @@ def test_resnet_block_epilogue_is_accepted_on_gpu(dtype, tmp_path):
         [BN, "v + r", "torch.relu(v)"],
         {"x": "8, 64, 56, 56", "w": "64, 64, 3, 3", "mean": "64", "var": "64", "g": "64",
          "b": "64", "r": "8, 64, 56, 56"}, dtype)
-    verdict = evaluate(path, write_conv_epilogue(load_site_graph(path), PointwiseConfig(1024)),
+    verdict = evaluate(path, write(path, Schedule(1, 1024, 4)),
                        EvalConfig(device="cuda"))
     assert verdict.correct, verdict.reason
     assert verdict.library_ops == ["aten.convolution"]

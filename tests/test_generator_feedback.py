@@ -25,8 +25,9 @@ from generators.cuda.pointwise import CudaPointwiseConfig, write_cuda_pointwise
 from generators.llm.prompt import describe_feedback
 from generators.mutations import diagnosed_neighbours, neighbours
 from generators.rules import RulesGenerator
+from generators.site_graph import load_site_graph
 from generators.triton.matmul import MatmulConfig
-from generators.triton.pointwise import PointwiseConfig, write_pointwise
+from generators.triton.program import write_compiled
 
 
 @pytest.fixture
@@ -47,8 +48,12 @@ def parent_of(write, settings: object, source: str, tier: str, diagnosis: str) -
 
 
 def first_child(problem: Path, write, settings: object, tier: str, diagnosis: str) -> Proposal:
+    """The first child the rules propose under a parent `write` wrote with `settings`, whose
+    source the generator knows it proposed (a child writing the same is no child)."""
     generator = RulesGenerator()
-    parent = parent_of(write, settings, "parent source", tier, diagnosis)
+    source = write(load_site_graph(problem), settings)
+    generator.remember(problem, source)
+    parent = parent_of(write, settings, source, tier, diagnosis)
     children = generator.propose(problem, parent, n=3, tiers=(tier,)).children
     assert children, "no children"
     return children[0]
@@ -64,13 +69,14 @@ def first_child(problem: Path, write, settings: object, tier: str, diagnosis: st
      (8192, 4), (8192, 8)),
 ])
 def test_the_first_triton_child_answers_the_diagnosis(pointwise, code, message, parent, child):
-    settings = PointwiseConfig(block=parent[0], num_warps=parent[1])
+    settings = Schedule(1, parent[0], parent[1])
     undiagnosed = neighbours(settings)[0].settings
-    assert (undiagnosed.block, undiagnosed.num_warps) != child
-    first = first_child(pointwise, write_pointwise, settings, "triton", f"{code}: {message}")
-    assert (first.settings["block"], first.settings["num_warps"]) == child, first.rationale
+    assert (undiagnosed.block_columns, undiagnosed.num_warps) != child
+    first = first_child(pointwise, write_compiled, settings, "triton", f"{code}: {message}")
+    assert (first.settings["block_columns"], first.settings["num_warps"]) == child, \
+        first.rationale
     assert first.rationale.endswith(f"(the parent: {code})")
-    assert f"BLOCK {child[0]}, {child[1]} warps" in first.source
+    assert f"BLOCK_COLUMNS={child[0]}, num_warps={child[1]}" in first.source
 
 
 def test_narrow_loads_widen_the_cuda_vector(pointwise):
@@ -82,9 +88,12 @@ def test_narrow_loads_widen_the_cuda_vector(pointwise):
 
 
 def test_without_a_diagnosis_the_order_is_unchanged(pointwise):
-    settings = PointwiseConfig(block=1024, num_warps=4)
-    child = first_child(pointwise, write_pointwise, settings, "triton", "")
-    assert child.settings["block"] == neighbours(settings)[0].settings.block == 2048
+    settings = Schedule(1, 1024, 4)
+    child = first_child(pointwise, write_compiled, settings, "triton", "")
+    # More rows a program is the first step, but an elementwise kernel walks one flat row: it
+    # writes the parent again, so the wider column block is the first child.
+    assert neighbours(settings)[0].settings.block_rows == 2
+    assert child.settings["block_columns"] == 2048
     assert "(the parent" not in child.rationale
 
 
@@ -116,7 +125,7 @@ def test_shared_memory_limited_matmuls_drop_a_stage_first():
 @pytest.mark.parametrize("code,settings,knob,value", [
     (UNCOALESCED, CudaPointwiseConfig(vector_bytes=8), "vector_bytes", 16),
     (COMPUTE_BOUND, MatmulConfig(block_m=64, block_n=64), "block_m", 128),
-    (COMPUTE_BOUND, PointwiseConfig(block=1024, num_warps=4), "num_warps", 8),
+    (COMPUTE_BOUND, Schedule(1, 1024, 4), "num_warps", 8),
     (EXCESS_TRAFFIC, MatmulConfig(block_m=64, block_n=64), "block_m", 128),
     (SHARED_LIMITED, ClusterNormConfig(vector=4), "held", "registers"),
     (LATENCY_BOUND, ClusterNormConfig(vector=4), "threads", 512),

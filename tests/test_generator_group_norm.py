@@ -13,7 +13,7 @@ from generators.rules import RulesGenerator
 from generators.site_graph import Unsupported, load_site_graph
 from generators.triton.group_norm import GroupNormConfig, write_group_norm
 from tests.kernel_checks import one_input_problem
-from tests.test_generator_pointwise import check
+from tests.test_compiler_elementwise import check
 
 F = "torch.nn.functional"
 # name: (forward's arguments, body, argument shapes, groups)

@@ -12,7 +12,7 @@ from generators.compiler.schedule import Schedule
 from generators.rules import RulesGenerator
 from generators.site_graph import load_site_graph
 from generators.triton.program import write_compiled
-from tests.test_generator_pointwise import check
+from tests.test_compiler_elementwise import check
 
 BODIES = {
     "softmax": ("torch.softmax(x, dim=-1)", "x"),

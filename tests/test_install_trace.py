@@ -122,12 +122,32 @@ def test_the_traceable_copy_computes_the_same_and_its_class_is_found_by_name(tmp
     assert_close(copy(*problem_inputs), guarded.kernel(*problem_inputs), "the traceable copy")
 
 
+HELD = """
+
+class Epilogue(nn.Module):
+    def forward(self, *args):
+        return Model.forward(self, *args)
+
+
+class ModelNew(nn.Module):
+    \"\"\"Its work in a module it holds.\"\"\"
+
+    def __init__(self):
+        super().__init__()
+        self.epilogue = Epilogue()
+
+    def forward(self, *args):
+        return self.epilogue(*args)
+"""
+
+
 def test_the_modules_a_kernel_holds_are_traceable_copies_too(tmp_path):
-    """A conv kernel keeps cuDNN's conv and runs its epilogue in a module it holds: that
-    module's launches must be wrapped as well, and the installed kernel left as it was."""
+    """A kernel may run its work in a module it holds: that module's launches must be wrapped
+    as well, and the installed kernel left as it was."""
     model, inputs = models.make_cnn()
     conv = next(k for k in site_kernels(model, inputs, tmp_path) if k.key.startswith("conv"))
-    kernel = load_guarded(conv, Counter()).kernel
+    held = SiteKernel(conv.key, conv.problem_source + HELD, conv.problem_source)
+    kernel = load_guarded(held, Counter()).kernel
     copy = traceable(kernel)
     assert type(copy.epilogue).__name__ == f"Traced{type(kernel.epilogue).__name__}"
     assert copy.epilogue is not kernel.epilogue

@@ -26,10 +26,11 @@ from core.evaluate.kernel_report import (
 )
 from core.evaluate.verdict import Verdict
 from core.runtime.problem_loader import import_file
+from generators.compiler.schedule import Schedule
 from generators.cuda.pointwise import CudaPointwiseConfig, write_cuda_pointwise
 from generators.cuda.row_reduction import CudaReductionConfig, write_cuda_reduction
 from generators.site_graph import load_site_graph
-from generators.triton.pointwise import PointwiseConfig, write_pointwise
+from generators.triton.program import write_compiled
 from tests.kernel_checks import one_input_problem
 
 DATA = Path(__file__).parent / "data" / "kernel_report"
@@ -210,7 +211,7 @@ def test_a_report_round_trips_through_a_dict():
 def test_triton_under_the_interpreter_has_no_compiled_metadata(tmp_path):
     assert "triton" in sys.modules and not torch.cuda.is_available()
     graph = load_site_graph(one_input_problem(tmp_path, "torch.relu(x)", "torch.randn(32)"))
-    source = write_pointwise(graph, PointwiseConfig())
+    source = write_compiled(graph, Schedule(1, 1024, 4))
     path = tmp_path / "candidate.py"
     path.write_text(source)
     report = candidate_report(import_file(path, "kernel_report_candidate"), source)
@@ -219,7 +220,7 @@ def test_triton_under_the_interpreter_has_no_compiled_metadata(tmp_path):
 
 def test_the_verdict_carries_the_report_and_an_empty_diagnosis_on_a_cpu(tmp_path):
     path = one_input_problem(tmp_path, "torch.sigmoid(x) * x", "torch.randn(16, 64)")
-    source = write_pointwise(load_site_graph(path), PointwiseConfig())
+    source = write_compiled(load_site_graph(path), Schedule(1, 1024, 4))
     verdict = evaluate(path, source, EvalConfig(device="cpu"))
     assert verdict.correct, verdict.reason
     assert verdict.kernel_report == {"kernels": [], "notes": [INTERPRETER_NOTE]}
@@ -239,7 +240,7 @@ def test_verdicts_stored_before_the_report_still_load():
 @pytest.mark.gpu
 def test_triton_on_a_gpu_reports_its_compiled_kernels(tmp_path):
     path = one_input_problem(tmp_path, "torch.relu(x * 2.0)", "torch.randn(4096, 4096)")
-    source = write_pointwise(load_site_graph(path), PointwiseConfig(block=4096, num_warps=8))
+    source = write_compiled(load_site_graph(path), Schedule(1, 4096, 8))
     verdict = evaluate(path, source, EvalConfig(device="cuda"))
     assert verdict.correct, verdict.reason
     report = KernelReport.from_dict(verdict.kernel_report)

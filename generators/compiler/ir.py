@@ -41,6 +41,9 @@ class Value:
 class Input(Value):
     index: int = 0
     stride: tuple[int, ...] = ()  # in elements, as the site's input is laid out
+    # How the forward computes it through the vendor library before the kernels (a
+    # convolution, `generators.compiler.library`); empty for the site's own inputs.
+    call: str = ""
 
 
 @dataclass(eq=False)

@@ -1,6 +1,7 @@
 """What a compiled site's candidate does whatever language its kernels are in: the `ModelNew`
-checks its inputs' layouts, allocates outputs, buffers and workspaces, and launches each kernel
-of the program in turn, a launch per reduction level when a kernel's loops are split.
+checks its inputs' layouts, calls the vendor library for what the compiler leaves to it (a
+convolution), allocates outputs, buffers and workspaces, and launches each kernel of the
+program in turn, a launch per reduction level when a kernel's loops are split.
 
 The backends (`generators.triton.program`, `generators.cuda.program`) write the kernels and the
 launch statements; the rest of the forward is written here, once.
@@ -170,13 +171,15 @@ def frame(program: Program, schedule: Schedule) -> Frame:
     checks = []
     for value in first:
         name = f"in{value.index}"
+        if value.call:
+            checks.append(f"{name} = {value.call}")
         shape, stride = tuple(value.shape), tuple(value.stride)
         checks.append(f"assert tuple({name}.shape) == {shape} and {name}.stride() == {stride}, "
                       f"\"the kernel was written for {name} of shape {shape} and strides "
                       f"{stride}\"")
     returns = outputs if program.steps[-1].kernel.graph.returns_tuple else outputs[:1]
-    return Frame([f"in{v.index}" for v in first], checks, allocations, launches, returns,
-                 next(launch.schedule for launch in launches if launch.step == main))
+    return Frame([f"in{v.index}" for v in first if not v.call], checks, allocations, launches,
+                 returns, next(launch.schedule for launch in launches if launch.step == main))
 
 
 def kernel_parameters(kernel: Kernel, workspaces: int) -> list[str]:

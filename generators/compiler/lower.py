@@ -30,6 +30,7 @@ from generators.compiler.ir import (
     Value,
     View,
 )
+from generators.compiler.library import LibraryLowering
 from generators.compiler.windows import WindowLowering, argument
 from generators.op_table import ELEMENTWISE_OPS
 from generators.site_graph import Unsupported
@@ -90,7 +91,7 @@ def _dims(dims: object, rank: int) -> tuple[int, ...]:
     return tuple(sorted({d % rank if rank else 0 for d in listed}))
 
 
-class _Lowering(WindowLowering):
+class _Lowering(LibraryLowering, WindowLowering):
     def __init__(self, gm: fx.GraphModule) -> None:
         self.gm = gm
         self.done: dict[fx.Node, object] = {}
@@ -328,4 +329,7 @@ def lower(gm: fx.GraphModule) -> Graph:
     for value in values:
         if not isinstance(value, Value):
             raise Unsupported(f"the site returns {type(value).__name__}, not a tensor")
+        if isinstance(value, Input) and value.call:
+            raise Unsupported("the site returns the library's output as it is (a convolution "
+                              "with no bias and nothing after it): nothing for a kernel to do")
     return Graph(lowering.inputs, values, returns_tuple=many and len(values) > 1)

@@ -36,6 +36,9 @@ from generators.compiler.ir import (
 from generators.site_graph import Unsupported
 
 Coords = tuple[Expr, ...]
+# The shortest rows an elementwise kernel takes for its broadcast inputs (`_broadcast_rows`):
+# a warp's columns.
+MIN_ROW_COLUMNS = 32
 
 
 @dataclass(eq=False)
@@ -238,6 +241,8 @@ def _try(graph: Graph, domain: tuple[int, ...]) -> Kernel | str:
             if d != scan.dim:
                 used |= coord.symbols()
     rows = tuple(d for d, s in enumerate(symbols) if s in used)
+    if not survey.reductions and scan_dim is None:
+        rows = _broadcast_rows(survey.loads, symbols, domain)
     columns = tuple(d for d in range(len(domain)) if d not in rows)
     if scan_dim is not None and columns != (scan_dim,):
         return "a scan with other column dimensions than its own"
@@ -261,6 +266,34 @@ def _try(graph: Graph, domain: tuple[int, ...]) -> Kernel | str:
     if kernel.scan_dim is None and not kernel.rows_contiguous():
         _online_sums(kernel)
     return kernel
+
+
+def _broadcast_rows(loads: list[tuple[Input, Coords]], symbols: tuple[str, ...],
+                    domain: tuple[int, ...]) -> tuple[int, ...]:
+    """An elementwise kernel's row dimensions: the leading ones its broadcast inputs vary along
+    (a convolution's channels, for per-channel parameters), so that those inputs, and what is
+    computed from them alone, are loaded and computed once a row and not once an element.
+    None where a broadcast input varies along the last dimension (a bias over columns), where
+    the rows would be shorter than MIN_ROW_COLUMNS, or where the inputs of the domain's size
+    are not laid out with the columns innermost."""
+    every = set(symbols)
+    broadcast: set[str] = set()
+    for _, coords in loads:
+        used = set().union(*(c.symbols() for c in coords)) & every
+        if used != every:
+            broadcast |= used
+    if not broadcast:
+        return ()
+    rows = tuple(range(1 + max(symbols.index(s) for s in broadcast)))
+    column_symbols = set(symbols[len(rows):])
+    if math.prod(domain[len(rows):]) < MIN_ROW_COLUMNS:
+        return ()
+    for value, coords in loads:
+        if set().union(*(c.symbols() for c in coords)) >= every:
+            for coord, stride in zip(coords, value.stride, strict=True):
+                if stride == 1 and coord.terms and not coord.symbols() <= column_symbols:
+                    return ()
+    return rows
 
 
 def _online_sums(kernel: Kernel) -> None:

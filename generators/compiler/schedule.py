@@ -168,6 +168,18 @@ def vectors_fit(kernel: Kernel, width: int) -> bool:
                 and any(size % width == 0 for size in innermost))
 
 
+def row_tile_width(columns: int, tile: int) -> int:
+    """The columns of a tile of `tile` elements over rows of `columns`: the widest power of two
+    that pads a row by at most an eighth (56 × 56 maps: 256, not 1024, which pads by 31 %), else
+    the row's own power of two (7 × 7 maps: every width pads by 15)."""
+    width = min(_pow2(columns), tile)
+    while width > 32 and -(-columns // width) * width - columns > columns // 8:
+        width //= 2
+    if -(-columns // width) * width - columns > columns // 8:
+        width = min(_pow2(columns), tile)
+    return width
+
+
 def _pow2(n: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(n, 1))))
 
@@ -177,6 +189,15 @@ def drafts(kernel: Kernel) -> list[tuple[Schedule, str]]:
     loop = kernel.longest_loop
     rows = kernel.row_count
     if not kernel.reductions and kernel.scan_dim is None:
+        if kernel.rows:
+            # Rows of a broadcast input (a conv output's channels): tiles of whole rows where
+            # they are short, of parts of a row where they are long.
+            return [(Schedule(tile // width, width, warps),
+                     f"elementwise in rows of {kernel.column_count}, each row's broadcast "
+                     f"values loaded once: {tile // width} row(s) × {width} columns a program, "
+                     f"{warps} warps")
+                    for tile, warps in ((1024, 4), (4096, 8))
+                    for width in [row_tile_width(kernel.column_count, tile)]]
         return [(Schedule(1, 1024, 4), "elementwise: 1024 elements a program, 4 warps"),
                 (Schedule(1, 4096, 8), "elementwise: 4096 elements a program, 8 warps")]
     if rows < FEW_ROWS and loop >= SPLIT_LOOP:

@@ -1,5 +1,5 @@
 """Sliding windows in the compiler's IR: average and max pooling (adaptive ones too, where their
-windows are even) and depthwise convolution, each a window view of its input (`ir.Window`)
+windows are even) and depthwise convolutions, each a window view of its input (`ir.Window`)
 reduced over the window's offsets.
 
 A window position in the padding reads the padding's value: zero for an average or a
@@ -147,14 +147,13 @@ class WindowLowering:
 
     lower_adaptive_max_pool3d = lower_adaptive_max_pool2d
 
-    def lower_convolution(self, node, shape, dtype) -> Value:
-        """A depthwise convolution (each channel with its own filter); cuDNN keeps the rest."""
+    def depthwise_convolution(self, node, shape, dtype) -> Value:
+        """A depthwise convolution (each channel with its own filter) as its windows; the
+        library takes the others (`generators.compiler.library`)."""
         source, weight, bias = (self.value(a) for a in node.args[:3])
-        stride, padding, dilation, transposed, _, groups = node.args[3:9]
+        stride, padding, dilation = node.args[3:6]
         dims = len(weight.shape) - 2
         channels = source.shape[1]
-        if transposed or groups != channels or tuple(weight.shape[:2]) != (channels, 1):
-            raise Unsupported("a convolution that is not depthwise (cuDNN keeps it)")
         kernel = tuple(weight.shape[2:])
         window = windowed(source, kernel, _per_dim(stride, dims, 1), _per_dim(padding, dims, 0),
                           _per_dim(dilation, dims, 1), 0.0)

@@ -1,4 +1,4 @@
-"""Rules Triton for pointwise sites: random chains, broadcasts, strides and dtypes."""
+"""Compiled elementwise sites: random chains, broadcasts, strides and dtypes."""
 
 from __future__ import annotations
 
@@ -8,8 +8,11 @@ import pytest
 import torch
 
 from core.evaluate import EvalConfig, evaluate
-from generators.site_graph import Unsupported, load_site_graph
-from generators.triton.pointwise import PointwiseConfig, write_pointwise
+from generators.compiler.launches import main_kernel
+from generators.compiler.schedule import Schedule, drafts, row_tile_width
+from generators.compiler.site import program_of
+from generators.site_graph import load_site_graph
+from generators.triton.program import write_compiled
 from tests.kernel_checks import assert_matches
 from tests.test_site_problems import import_problem
 
@@ -68,8 +71,8 @@ def check(problem_path, write, inputs=None) -> None:
         assert_matches(out, ref, problem_path.read_text())
 
 
-def pointwise(block: int):
-    return lambda graph: write_pointwise(graph, PointwiseConfig(block=block))
+def pointwise(block: int, rows: int = 4):
+    return lambda graph: write_compiled(graph, Schedule(rows, block, 4))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -114,7 +117,7 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 def test_broadcast_and_strided_layouts_are_accepted(layout, dtype, tmp_path):
     path = tmp_path / "problem.py"
     path.write_text(layout_problem(*LAYOUTS[layout], dtype))
-    source = write_pointwise(load_site_graph(path), PointwiseConfig(block=64))
+    source = write_compiled(load_site_graph(path), Schedule(4, 64, 4))
     verdict = evaluate(path, source, EvalConfig(device="cpu", time=False))
     assert verdict.correct, f"{layout} ({dtype}): {verdict.reason}\n{source}"
 
@@ -126,78 +129,78 @@ def test_transposed_inputs_stay_transposed_in_the_problems(tmp_path):
     assert not x.is_contiguous() and x.dtype == torch.bfloat16 and y.is_contiguous()
 
 
-def test_other_shapes_and_strides_than_the_captured(tmp_path):
+def test_a_kernel_takes_only_the_layout_it_was_written_for(tmp_path):
     path = tmp_path / "problem.py"
     path.write_text(layout_problem(*LAYOUTS["transposed"], torch.float32))
-    check(path, pointwise(16), inputs=[torch.randn(9, 5), torch.randn(9, 5)])
-    check(path, pointwise(16), inputs=[torch.randn(9, 5), torch.randn(5, 9).t()])
-    check(path, pointwise(128), inputs=[torch.randn(1, 300), torch.randn(300)])
-    check(path, pointwise(32), inputs=[torch.randn(4, 6)[:, ::2], torch.randn(1, 3)])
-    check(path, pointwise(32), inputs=[torch.randn(3).expand(5, 3), torch.randn(5, 1)])
+    with pytest.raises(AssertionError, match="written for in0 of shape"):
+        check(path, pointwise(16), inputs=[torch.randn(9, 5), torch.randn(9, 5)])
 
 
-@pytest.fixture(scope="module")
-def helpers(tmp_path_factory) -> dict:
-    """The layout helpers a generated candidate carries, run here on their own."""
-    path = tmp_path_factory.mktemp("layout") / "problem.py"
-    path.write_text(layout_problem("x", "torch.relu(x)", ["torch.randn(2, 3)"], torch.float32))
-    namespace: dict = {}
-    source = write_pointwise(load_site_graph(path), PointwiseConfig())
-    exec(compile(source, "model_new.py", "exec"), namespace)
-    return namespace
+def kernel_of(path):
+    return main_kernel(program_of(load_site_graph(path)))
 
 
-@pytest.mark.parametrize("shape,strides,expected", [
-    # Same layout everywhere: one flat row.
-    ((8192, 8192), [(8192, 1)], ([1], 8192 * 8192, [[0, 1]])),
-    # A bias over rows: rows × columns, the bias walks columns only.
-    ((64, 8192), [(8192, 1), (0, 1)], ([64], 8192, [[8192, 1], [0, 1]])),
-    # Channel parameters over (B, C, H, W): channel rows of H·W, the parameter constant along.
-    ((32, 256, 56, 56), [(256 * 3136, 3136, 56, 1), (0, 1, 0, 0)],
-     ([32, 256, 1], 3136, [[256 * 3136, 3136, 0, 1], [0, 1, 0, 0]])),
-    # A column scale: one value per row.
-    ((9, 33), [(33, 1), (1, 0)], ([9], 33, [[33, 1], [1, 0]])),
-    # A transposed input: its column stride is its row count.
-    ((6, 37), [(1, 6), (37, 1)], ([6], 37, [[1, 6], [37, 1]])),
-])
-def test_the_output_splits_into_rows_and_columns(helpers, shape, strides, expected):
-    rows_and_columns = helpers["_rows_and_columns"]
-    sizes, n_cols, per_tensor, wide = rows_and_columns(shape, strides, max(len(shape) - 1, 1))
-    assert (sizes, n_cols, per_tensor) == expected
-    assert not wide
+ROWS = {
+    # Per-channel values: a row a (sample, channel), its 7 × 9 columns.
+    "channel": ("x, c", "torch.relu(x * c + x)",
+                ["torch.randn(2, 5, 7, 9)", "torch.randn(1, 5, 1, 1)"], (0, 1)),
+    "channel of a 3-d tensor": ("x, c", "x - c", ["torch.randn(3, 6, 40)", "torch.randn(6, 1)"],
+                                (0, 1)),
+    "column scale": ("x, s", "torch.sigmoid(x) * s", ["torch.randn(9, 33)", "torch.randn(9, 1)"],
+                     (0,)),
+    # Rows of fewer columns than a warp: one flat walk.
+    "short channel rows": LAYOUTS["channel"] + ((),),
+    # A bias over the last dimension, an outer product, a scalar: one flat walk.
+    "row bias": LAYOUTS["row bias"] + ((),),
+    "outer product": LAYOUTS["outer product"] + ((),),
+    "scalar-like": LAYOUTS["scalar-like"] + ((),),
+}
 
 
-def test_offsets_past_32_bits_switch_to_64_bit_indexing(helpers):
-    rows_and_columns = helpers["_rows_and_columns"]
-    assert rows_and_columns((4, 8), [(2**30, 1)], 1)[3]
-    assert rows_and_columns((2**16, 2**15), [(2**15, 1)], 1)[3]
-    assert not rows_and_columns((2**16, 2**14), [(2**14, 1)], 1)[3]
-
-
-def test_the_64_bit_kernel_variant_computes_the_same(tmp_path):
-    # Tensors past 2**31 elements do not fit here; the switch is forced on small ones instead.
+@pytest.mark.parametrize("name", list(ROWS))
+def test_broadcast_inputs_make_the_rows_they_vary_along(name, tmp_path):
+    *problem, rows = ROWS[name]
     path = tmp_path / "problem.py"
-    path.write_text(layout_problem(*LAYOUTS["channel"], torch.float32))
-    namespace: dict = {}
-    exec(compile(write_pointwise(load_site_graph(path), PointwiseConfig(block=32)),
-                 "model_new.py", "exec"), namespace)
-    split = namespace["_rows_and_columns"]
-    namespace["_rows_and_columns"] = lambda *args: (*split(*args)[:3], True)
-    problem = import_problem(path)
-    inputs = problem.get_inputs()
-    assert_matches(namespace["ModelNew"]()(*inputs), problem.Model()(*inputs))
+    path.write_text(layout_problem(*problem, torch.float32))
+    assert kernel_of(path).rows == rows
+    check(path, pointwise(32))
 
 
-@pytest.mark.parametrize("n_rows,n_cols,block,expected", [
-    (8192, 8192, 1024, (1, 1024)),  # long rows: one row per program
-    (8192, 3136, 1024, (4, 256)),  # 56×56 maps: 256 wide pads a row by 6%, 4 rows per tile
-    (8192, 49, 1024, (16, 64)),  # 7×7 maps: every power of two pads 15, keep the widest
-    (1000, 3, 1024, (256, 4)),  # narrow rows: most of the tile in rows
-    (1, 100, 1024, (1, 128)),  # a short flat row: no empty rows in the tile
+def test_the_rows_of_a_broadcast_input_load_it_once_a_row(tmp_path):
+    path = tmp_path / "problem.py"
+    path.write_text(layout_problem(*ROWS["channel"][:3], torch.float32))
+    source = write_compiled(load_site_graph(path), Schedule(4, 32, 4))
+    channel_load = next(line for line in source.splitlines() if "tl.load(in1" in line)
+    assert "cols" not in channel_load and "mask=rmask" in channel_load, source
+
+
+def test_rows_that_are_not_innermost_in_memory_stay_one_flat_walk(tmp_path):
+    path = tmp_path / "problem.py"
+    path.write_text(layout_problem("x, c", "x * c", ["torch.randn(5, 37).t()",
+                                                     "torch.randn(37, 1)"], torch.float32))
+    assert kernel_of(path).rows == ()
+    check(path, pointwise(32))
+
+
+@pytest.mark.parametrize("columns,tile,width", [
+    (8192, 1024, 1024),  # long rows: a part of a row a program
+    (3136, 1024, 256),  # 56×56 maps: 256 wide pads a row by 6 %, 1024 would by 31 %
+    (49, 1024, 64),  # 7×7 maps: every power of two pads 15, keep the row's own
+    (3, 1024, 4),  # narrow rows: most of the tile in rows
+    (196, 4096, 256),  # 14×14 maps: no width pads by an eighth or less
 ])
-def test_tiles_fill_the_block_without_padding_rows_much(helpers, n_rows, n_cols, block,
-                                                        expected):
-    assert helpers["_tile"](n_rows, n_cols, block) == expected
+def test_row_tiles_pad_a_row_by_little(columns, tile, width):
+    assert row_tile_width(columns, tile) == width
+
+
+def test_drafts_over_channel_rows_fill_their_tiles(tmp_path):
+    path = tmp_path / "problem.py"
+    path.write_text(layout_problem("x, c", "torch.relu(x * c)", ["torch.randn(2, 5, 56, 56)",
+                                                                "torch.randn(1, 5, 1, 1)"],
+                                   torch.float32))
+    schedules = [schedule for schedule, _ in drafts(kernel_of(path))]
+    assert [(s.block_rows, s.block_columns, s.num_warps) for s in schedules] == [
+        (4, 256, 4), (16, 256, 8)]
 
 
 def test_inference_batch_norm_broadcasts_along_channels(tmp_path):
@@ -211,14 +214,3 @@ def test_inference_batch_norm_broadcasts_along_channels(tmp_path):
         "torch.rand(3) + 0.5, torch.randn(3), torch.randn(3)]\n\n\n"
         "def get_init_inputs():\n    return []\n")
     check(path, pointwise(32))
-
-
-def test_sites_it_cannot_handle_say_why(tmp_path):
-    path = tmp_path / "problem.py"
-    path.write_text(
-        "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
-        "    def forward(self, x):\n        return torch.softmax(x, -1)\n\n\n"
-        "def get_inputs():\n    return [torch.randn(4, 8)]\n\n\n"
-        "def get_init_inputs():\n    return []\n")
-    with pytest.raises(Unsupported, match="softmax is not elementwise"):
-        write_pointwise(load_site_graph(path), PointwiseConfig())
