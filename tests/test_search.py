@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from core.search.tree import SearchConfig, SiteSearch
+from core.search.tree import SearchConfig, SiteSearch, going_on
 from generators.base import Feedback, Parent, Proposal, Proposals
 
 SIZE = 16
@@ -122,6 +122,25 @@ def test_stops_at_the_floor_and_when_stalled():
     assert at_floor.done and at_floor.best_ms <= 1.2
     stalled, world, _ = run(seed=0, budget=500, stall=5)
     assert stalled.done and stalled.since_best >= 5 and len(world.evaluated) < 500
+
+
+def test_a_stalled_search_goes_on_when_allowed_more():
+    search, world, _ = run(seed=0, budget=500, stall=5)
+    assert search.stalled and not search.at_floor and not search.stuck
+    stopped_at = len(world.evaluated)
+    search.go_on()
+    assert not search.done
+    while not search.done and search.step(limit=500 - search.evaluations):
+        pass
+    assert len(world.evaluated) > stopped_at
+    assert search.done and (search.at_floor or search.stuck or search.since_best >= 10)
+
+
+def test_only_searches_stopped_for_want_of_a_new_best_go_on():
+    at_floor, _, _ = run(seed=0, budget=500, floor_ms=1.2 * 0.9)
+    stalled, _, _ = run(seed=0, budget=500, stall=5)
+    assert going_on([at_floor, stalled]) == [stalled]
+    assert at_floor.done and not stalled.done
 
 
 def test_same_seed_same_tree():

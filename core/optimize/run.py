@@ -42,7 +42,7 @@ from core.profile.pipeline import ProfiledModel, profile_sites
 from core.profile.progress import Progress
 from core.profile.sites import Site
 from core.runtime.errors import KilnInputError, error_line, out_of_memory
-from core.search.tree import Node, SiteSearch
+from core.search.tree import Node, SiteSearch, going_on
 from core.timing.device_lock import device_lock_path, shared_device
 from core.timing.precision import fp32_matmuls
 from generators.base import Feedback, Generator, Parent, Proposal, Proposals, Repairer
@@ -359,7 +359,9 @@ class OptimizeRun:
                     self._maybe_add_cuda(run, total_ms)
             open_runs = [r for r in runs if not r.search.done]
             if not open_runs:
-                return
+                if not self._go_on(runs):
+                    return
+                open_runs = [r for r in runs if not r.search.done]
             run = max(open_runs, key=lambda r: site_priority(r, total_ms))
             limit = self.config.max_candidates - self.evaluated
             done = run.search.step(limit=limit)
@@ -373,6 +375,15 @@ class OptimizeRun:
                 + (f"{speed:.2f}x ({best.proposal.tier})" if best else "PyTorch (1.00x)")
                 + (f"; no kernels: {run.search.declined}"
                    if run.search.declined and not run.search.evaluations else ""))
+
+    def _go_on(self, runs: list[SiteRun]) -> bool:
+        """Every site is done, but the run has time left: the sites that stopped for want of a
+        new best search on (`going_on`); False if none did."""
+        stalled = {id(s) for s in going_on([r.search for r in runs])}
+        for run in (r for r in runs if id(r.search) in stalled):
+            self.progress.step(f"{run.site.key}: no new best in {run.search.since_best} "
+                               "evaluations; the budget has time left, so its search goes on")
+        return bool(stalled)
 
     @staticmethod
     def _site_result(run: SiteRun) -> dict[str, object]:

@@ -97,6 +97,9 @@ class SiteSearch:
     best: Node | None = None
     declined: str = ""  # why the generator had no drafts, if it had none
     stuck: bool = False  # no node anywhere can take another child
+    # Evaluations without a new best allowed past `config.stall`: a run with time left and no
+    # other site to search gives a stalled site more (`go_on`).
+    patience: int = 0
     repairs: list[Node] = field(default_factory=list)  # rejected kernels awaiting a repair
 
     def __post_init__(self) -> None:
@@ -108,8 +111,20 @@ class SiteSearch:
 
     @property
     def done(self) -> bool:
-        at_floor = self.best_ms <= self.floor_ms / self.config.floor_fraction
-        return at_floor or self.stuck or self.since_best >= self.config.stall
+        return self.at_floor or self.stuck or self.stalled
+
+    @property
+    def at_floor(self) -> bool:
+        return self.best_ms <= self.floor_ms / self.config.floor_fraction
+
+    @property
+    def stalled(self) -> bool:
+        """No new best in the evaluations the site was allowed without one."""
+        return self.since_best >= self.config.stall + self.patience
+
+    def go_on(self) -> None:
+        """Allow a stalled search another `config.stall` evaluations without a new best."""
+        self.patience += self.config.stall
 
     def _limit(self, node: Node) -> int:
         return max(1, math.ceil(self.config.widening * max(node.visits, 1) ** 0.5))
@@ -228,3 +243,13 @@ class SiteSearch:
             node.value = max(node.value, gain)
             node = node.parent
         return improved
+
+
+def going_on(searches: list[SiteSearch]) -> list[SiteSearch]:
+    """Of searches that are all done while the run has time left, those that stopped only for
+    want of a new best, each allowed as many evaluations again (`SiteSearch.go_on`): the
+    budget a user gives is spent searching, not left unused."""
+    stalled = [s for s in searches if s.stalled and not s.at_floor and not s.stuck]
+    for search in stalled:
+        search.go_on()
+    return stalled
