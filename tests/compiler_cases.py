@@ -127,6 +127,10 @@ NORM_CASES = [
     Case("x", "x / torch.sum(torch.abs(x), dim=1, keepdim=True)", "torch.randn(7, 33)"),
     Case("x", "x / torch.norm(x, p='fro')", "torch.randn(5, 6, 7)"),
     Case("x", "torch.max(x, dim=1)", "torch.randn(8, 19)"),
+    # A reduction over the channels of a norm's output whose groups are channels: the norm's
+    # statistics in the channel loop are the loop's channel's, not the row's.
+    Case("x, w, b", "torch.logsumexp(x + F.group_norm(x, 6, w, b), dim=1, keepdim=True)",
+         "torch.randn(3, 6, 4, 5), torch.randn(6), torch.randn(6)"),
 ]
 LOSS_CASES = [
     Case("p, t", "torch.mean((p - t) ** 2)", "torch.randn(13, 17), torch.randn(13, 17)"),

@@ -261,6 +261,11 @@ def _try(graph: Graph, domain: tuple[int, ...]) -> Kernel | str:
     for reduction in survey.reductions.values():
         if any(not coord.symbols() <= row_symbols for coord in reduction.coords):
             return "a reduction inside another reduction's loop"
+        if set(reduction.loop) & row_symbols:
+            # Looping over the domain's own counter of a dimension another reduction's rows
+            # keep (a logsumexp over the channels of a group norm's output, each channel a
+            # group): inside that loop, the other's results would be the row's, not the loop's.
+            return "a reduction loops over a dimension that another reduction's rows keep"
     kernel.reductions = sorted(survey.reductions.values(), key=lambda r: r.index)
     kernel.ranges, kernel.sizes, kernel.loads = survey.ranges, survey.sizes, survey.loads
     if kernel.scan_dim is None and not kernel.rows_contiguous():
