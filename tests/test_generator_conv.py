@@ -78,6 +78,23 @@ def test_conv1d_and_conv_transpose_epilogues(tmp_path):
     check(transposed, Schedule(1, 128, 4))
 
 
+@pytest.mark.parametrize("conv,shapes", [
+    # Volumes (level 2's Conv3d problems), strided and dilated.
+    ("torch.nn.functional.conv3d(x, w, cb, 1, 1, 2)",
+     {"x": "2, 3, 6, 7, 5", "w": "4, 3, 3, 3, 3", "cb": "4"}),
+    ("torch.nn.functional.conv_transpose3d(x, w, cb, 2, 1, 1)",
+     {"x": "1, 4, 3, 4, 3", "w": "4, 2, 3, 3, 3", "cb": "2"}),
+    # Grouped, neither one group nor depthwise.
+    ("torch.nn.functional.conv2d(x, w, cb, 1, 1, 1, 2)",
+     {"x": "2, 4, 9, 7", "w": "6, 2, 3, 3", "cb": "6"}),
+])
+def test_every_convolution_is_the_librarys_and_its_epilogue_the_kernels(conv, shapes, tmp_path):
+    path = write_problem(tmp_path / "problem.py", conv, ["torch.sigmoid(v) * v"], shapes,
+                         torch.float32)
+    source = check(path, Schedule(2, 32, 4))
+    assert f"in{len(shapes)} = {conv.split('(')[0]}(in0, in1, None, " in source
+
+
 def test_candidates_pass_the_evaluator(tmp_path):
     path = write_problem(
         tmp_path / "problem.py", "torch.nn.functional.conv2d(x, w, cb, 1, 1)",
