@@ -274,7 +274,7 @@ class RulesGenerator:
             candidates = self._seeds(graph, parent, writers)
         children: list[Proposal] = []
         reasons: dict[str, None] = {}  # each writer's reason once, in the writers' order
-        duplicates = 0
+        repeated = False  # a child written before was skipped
         for writer, settings, why in candidates:
             if len(children) == n:
                 break
@@ -285,13 +285,13 @@ class RulesGenerator:
                 continue
             digest = source_digest(source)
             if digest in seen:
-                duplicates += 1
+                repeated = True
                 continue
             seen.add(digest)
             children.append(Proposal(source, writer.tier, self.name, why,
                                      {"writer": writer.write.__name__, **asdict(settings)}))
-        if duplicates:
+        if repeated:
             reasons["every other child it could write was a duplicate"] = None
-        declined = "" if children else "; ".join(reasons)
+        declined = "" if children else ("; ".join(reasons) or "every child was a duplicate")
         return Proposals(children, declined)
 

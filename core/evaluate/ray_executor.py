@@ -189,7 +189,7 @@ class RayEvaluator:
         item or for those whose flag is set."""
         ray = self.ray
         configs = item_configs(self.config, len(items), counters)
-        deadline_s = max((self.deadline_s(c) for c in configs), default=0.0)
+        deadlines = [self.deadline_s(c) for c in configs]  # a counters read takes longer
         results: list[Verdict | None] = [None] * len(items)
         requests: dict[int, Request] = {}
         for index, ((path, source), config) in enumerate(zip(items, configs, strict=True)):
@@ -211,16 +211,16 @@ class RayEvaluator:
                 ref = self.task.remote(request.__dict__,
                                        self.files_ref(Path(request.problem_path)))
                 running[ref] = (index, time.monotonic())
-            next_deadline = min(at for _, at in running.values()) + deadline_s
+            due = min(running, key=lambda r: running[r][1] + deadlines[running[r][0]])
+            next_deadline = running[due][1] + deadlines[running[due][0]]
             ready, _ = ray.wait(list(running), num_returns=1,
                                 timeout=max(0.0, next_deadline - time.monotonic()))
             if not ready:
-                ref = min(running, key=lambda r: running[r][1])
-                index, submitted = running.pop(ref)
-                ray.cancel(ref, force=True)
+                index, submitted = running.pop(due)
+                ray.cancel(due, force=True)
                 results[index] = Verdict.rejected(
-                    Reason.TIMEOUT, f"no verdict from the Ray cluster within {deadline_s:g}"
-                    "s; the task was cancelled", timed_out=True)
+                    Reason.TIMEOUT, f"no verdict from the Ray cluster within "
+                    f"{deadlines[index]:g}s; the task was cancelled", timed_out=True)
                 results[index].eval_seconds = time.monotonic() - submitted
                 continue
             ref = ready[0]

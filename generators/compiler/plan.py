@@ -282,19 +282,17 @@ def _broadcast_rows(loads: list[tuple[Input, Coords]], symbols: tuple[str, ...],
     the rows would be shorter than MIN_ROW_COLUMNS, or where the inputs of the domain's size
     are not laid out with the columns innermost."""
     every = set(symbols)
-    broadcast: set[str] = set()
-    for _, coords in loads:
-        used = set().union(*(c.symbols() for c in coords)) & every
-        if used != every:
-            broadcast |= used
+    spans = [(value, coords, set().union(*(c.symbols() for c in coords)) & every)
+             for value, coords in loads]
+    broadcast = set().union(*(used for _, _, used in spans if used != every))
     if not broadcast:
         return ()
     rows = tuple(range(1 + max(symbols.index(s) for s in broadcast)))
     column_symbols = set(symbols[len(rows):])
     if math.prod(domain[len(rows):]) < MIN_ROW_COLUMNS:
         return ()
-    for value, coords in loads:
-        if set().union(*(c.symbols() for c in coords)) >= every:
+    for value, coords, used in spans:
+        if used == every:
             for coord, stride in zip(coords, value.stride, strict=True):
                 if stride == 1 and coord.terms and not coord.symbols() <= column_symbols:
                     return ()

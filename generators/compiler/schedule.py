@@ -192,12 +192,14 @@ def drafts(kernel: Kernel) -> list[tuple[Schedule, str]]:
         if kernel.rows:
             # Rows of a broadcast input (a conv output's channels): tiles of whole rows where
             # they are short, of parts of a row where they are long.
-            return [(Schedule(tile // width, width, warps),
-                     f"elementwise in rows of {kernel.column_count}, each row's broadcast "
-                     f"values loaded once: {tile // width} row(s) × {width} columns a program, "
-                     f"{warps} warps")
-                    for tile, warps in ((1024, 4), (4096, 8))
-                    for width in [row_tile_width(kernel.column_count, tile)]]
+            in_rows = []
+            for tile, warps in ((1024, 4), (4096, 8)):
+                width = row_tile_width(kernel.column_count, tile)
+                in_rows.append((Schedule(tile // width, width, warps),
+                                f"elementwise in rows of {kernel.column_count}, each row's "
+                                f"broadcast values loaded once: {tile // width} row(s) × {width} "
+                                f"columns a program, {warps} warps"))
+            return in_rows
         return [(Schedule(1, 1024, 4), "elementwise: 1024 elements a program, 4 warps"),
                 (Schedule(1, 4096, 8), "elementwise: 4096 elements a program, 8 warps")]
     if rows < FEW_ROWS and loop >= SPLIT_LOOP:
