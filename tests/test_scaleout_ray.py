@@ -5,7 +5,8 @@ same verdicts through both executors. And the real optimize run (profile, search
 one-site model grows the same tree through both: its verdicts are real but untimed
 (`EvalConfig.time=False`), because CPU timings are noise that would steer the two searches
 apart; each accepted kernel's latency is instead a fixed function of its source, so the tree
-grows deep and any dependence on which task finished first would show.
+grows deep and any dependence on which task finished first would show. `submit`, which the run
+keeps its workers busy with, gives the same verdicts on Ray as `evaluate_many`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
+from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
 
@@ -56,7 +58,9 @@ def test_a_batch_gets_the_same_verdicts_as_on_the_local_pool(cluster):
         expected = local.evaluate_many(items(BATCH))
     with RayEvaluator(UNTIMED) as remote:
         got = remote.evaluate_many(items(BATCH))
+        one_by_one = [f.result() for f in remote.submit(items(BATCH))]
         assert remote.retries == 0
+    assert [summary(v) for v in one_by_one] == [summary(v) for v in got]
     assert [v.reason_code for v in got] == [
         Reason.NOT_TIMED, Reason.UNWRITTEN_OUTPUT, Reason.STATIC_CHECK, Reason.WRONG_VALUES,
         Reason.UNWRITTEN_OUTPUT, Reason.MUTATED_INPUT, Reason.CRASH, Reason.NOT_TIMED]
@@ -113,7 +117,10 @@ def test_a_ray_worker_killed_mid_task_is_retried_and_nothing_is_lost(cluster, tm
 
 class SourceTimed:
     """Real untimed verdicts, each correct kernel timed as a function of its source, faster
-    than PyTorch so that it is accepted."""
+    than PyTorch so that it is accepted. Each item submitted is judged before `submit` returns,
+    so that the verdicts land in the order the run sent them on either executor."""
+
+    slots = 1
 
     def __init__(self, inner: Evaluator | RayEvaluator) -> None:
         self.inner = inner
@@ -137,6 +144,14 @@ class SourceTimed:
                 verdict.speedup = verdict.baseline_ms / verdict.latency_ms
                 verdict.accepted, verdict.reason_code, verdict.reason = True, Reason.ACCEPTED, ""
         return verdicts
+
+    def submit(self, batch: list[tuple[Path, str]], counters: bool | list[bool] = False
+               ) -> list[Future[Verdict]]:
+        futures = []
+        for verdict in self.evaluate_many(batch, counters):
+            futures.append(Future())
+            futures[-1].set_result(verdict)
+        return futures
 
 
 def stored_tree(db: Path) -> list[tuple]:

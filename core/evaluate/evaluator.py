@@ -15,12 +15,13 @@ from __future__ import annotations
 import atexit
 import re
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 
 import torch
 
 from core.evaluate.config import EvalConfig
-from core.evaluate.pool import WorkerPool
+from core.evaluate.pool import Job, WorkerPool
 from core.evaluate.static_rules import StaticReport, check_candidate, problem_anchors
 from core.evaluate.verdict import Reason, Verdict
 from core.evaluate.worker import Request
@@ -95,8 +96,7 @@ def item_configs(config: EvalConfig, count: int, counters: bool | Sequence[bool]
     return [profiled if flag else config for flag in flags]
 
 
-def job(problem_path: str | Path, source: str, config: EvalConfig
-        ) -> Callable[[Callable[[Request], Verdict]], Verdict]:
+def job(problem_path: str | Path, source: str, config: EvalConfig) -> Job:
     def run(on_worker: Callable[[Request], Verdict]) -> Verdict:
         screened = screen(problem_path, source, config)
         if isinstance(screened, Verdict):
@@ -135,14 +135,33 @@ class Evaluator:
     def evaluate(self, problem_path: str | Path, candidate_source: str) -> Verdict:
         return self.evaluate_many([(problem_path, candidate_source)])[0]
 
+    @property
+    def slots(self) -> int:
+        """Candidates judged at once."""
+        return self.pool.size
+
     def evaluate_many(self, items: Sequence[tuple[str | Path, str]],
                       counters: bool | Sequence[bool] = False) -> list[Verdict]:
         """Verdicts in the order of `items`, keeping every worker busy. `counters`: with
         hardware counters (`core.evaluate.counters`), which take seconds a candidate, for each
         item, or for those whose flag is set."""
+        return self.pool.map(self._jobs(items, counters))
+
+    def submit(self, items: Sequence[tuple[str | Path, str]],
+               counters: bool | Sequence[bool] = False) -> list[Future[Verdict]]:
+        """`evaluate_many` without waiting: a future a verdict, each judged as soon as a worker
+        is free, so that a caller can hand out more work as each comes back."""
+        return [self.pool.submit(one) for one in self._jobs(items, counters)]
+
+    def stop_now(self, futures: Sequence[Future[Verdict]]) -> None:
+        """Ctrl-C while `futures` are pending: none still queued starts; the busy are ended."""
+        self.pool.stop_now(futures)
+
+    def _jobs(self, items: Sequence[tuple[str | Path, str]], counters: bool | Sequence[bool]
+              ) -> list[Job]:
         configs = item_configs(self.config, len(items), counters)
-        return self.pool.map([job(path, source, config)
-                              for (path, source), config in zip(items, configs, strict=True)])
+        return [job(path, source, config)
+                for (path, source), config in zip(items, configs, strict=True)]
 
 
 _shared: dict[str, Evaluator] = {}

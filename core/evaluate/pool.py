@@ -1,4 +1,4 @@
-"""A pool of worker processes kept busy with a batch of candidates, results in input order.
+"""A pool of worker processes kept busy with candidates: each a future, or a batch in input order.
 
 Workers start when first needed (a candidate rejected by the static rules needs none). Each
 pool thread owns one worker and pulls the next candidate as soon as its worker is free, so
@@ -24,7 +24,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from pathlib import Path
 
@@ -42,6 +42,9 @@ from core.evaluate.verdict import Reason, Verdict
 from core.evaluate.worker import Request, Worker, WorkerError
 from core.runtime.errors import KilnInputError
 from core.timing.device_lock import device_lock_path, physical_gpu
+
+# A candidate's judging, given a function that evaluates a request on a free worker.
+Job = Callable[[Callable[[Request], Verdict]], Verdict]
 
 
 def pool_gpus(config: EvalConfig, device_count: Callable[[], int] = torch.cuda.device_count
@@ -97,6 +100,10 @@ class WorkerPool:
         # The largest peak a verdict of each problem reported (the judge's and its candidate's
         # process's): later candidates of it hold that much when it is more than the estimate.
         self.measured: dict[tuple[str, int], int] = {}
+        # Jobs waiting for a free worker, and the slots' threads taking them (`submit`).
+        self.pending: queue.SimpleQueue[tuple[Job, Future[Verdict]] | None] = queue.SimpleQueue()
+        self.slot_threads: list[threading.Thread] = []
+        self.stopping = threading.Event()
 
     def lock_path(self, slot: int) -> str:
         """The timing lock of the slot's device: one per GPU of the machine, one for the CPU."""
@@ -192,49 +199,62 @@ class WorkerPool:
             kept = torch.cuda.memory_reserved(gpu) + (workers[gpu] + 1) * WORKER_OVERHEAD_BYTES
             self.held.enter_context(ledger.hold("process", kept))
 
-    def map(self, jobs: Sequence[Callable[[Callable[[Request], Verdict]], Verdict]]
-            ) -> list[Verdict]:
-        """Run each job with a function that evaluates a request on a free worker. A failure of
-        Kiln's own judging is that candidate's verdict; on Ctrl-C no pending job starts and the
-        busy workers are killed, so that the interrupt ends the batch at once."""
-        pending: queue.Queue[int] = queue.Queue()
-        for index in range(len(jobs)):
-            pending.put(index)
-        results: list[Verdict | None] = [None] * len(jobs)
-        stop = threading.Event()
+    def submit(self, job: Job) -> Future[Verdict]:
+        """Queue `job`: the next free worker runs it with a function that evaluates a request on
+        that worker. A failure of Kiln's own judging is the candidate's verdict; any other
+        exception is the future's."""
+        future: Future[Verdict] = Future()
+        with self.guard:
+            if not self.slot_threads:
+                self.slot_threads = [threading.Thread(target=self._drain, args=(slot,),
+                                                      name=f"kiln-pool-{slot}", daemon=True)
+                                     for slot in range(self.size)]
+                for thread in self.slot_threads:
+                    thread.start()
+        self.pending.put((job, future))
+        return future
 
-        def drain(slot: int) -> None:
-            while not stop.is_set():
-                try:
-                    index = pending.get_nowait()
-                except queue.Empty:
-                    return
-                began = time.monotonic()
-                try:
-                    verdict = jobs[index](lambda request: self.run_on(slot, request))
-                except WorkerError as err:
-                    self.retire(slot)
-                    verdict = Verdict.rejected(Reason.JUDGE_ERROR,
-                                               f"the evaluator failed judging it: {err}")
-                verdict.eval_seconds = time.monotonic() - began
-                results[index] = verdict
+    def _drain(self, slot: int) -> None:
+        """The slot's thread: the next queued job, as soon as its worker is free."""
+        while (item := self.pending.get()) is not None:
+            job, future = item
+            if self.stopping.is_set() or not future.set_running_or_notify_cancel():
+                future.cancel()
+                continue
+            began = time.monotonic()
+            try:
+                verdict = job(lambda request: self.run_on(slot, request))
+            except WorkerError as err:
+                self.retire(slot)
+                verdict = Verdict.rejected(Reason.JUDGE_ERROR,
+                                           f"the evaluator failed judging it: {err}")
+            except BaseException as err:  # the caller's to handle, through the future
+                future.set_exception(err)
+                continue
+            verdict.eval_seconds = time.monotonic() - began
+            future.set_result(verdict)
 
-        threads = ThreadPoolExecutor(self.size)
-        futures = [threads.submit(drain, slot) for slot in range(self.size)]
+    def map(self, jobs: Sequence[Job]) -> list[Verdict]:
+        """Each job's verdict, in order, every worker kept busy (`submit`)."""
+        futures = [self.submit(job) for job in jobs]
         try:
-            for future in futures:
-                future.result()
+            return [future.result() for future in futures]
         except KeyboardInterrupt:
-            stop.set()
-            # Kill until every thread is back: a worker still starting joins the pool later.
-            while not all(future.done() for future in futures):
-                for slot in range(self.size):
-                    self.retire(slot)
-                time.sleep(0.1)
+            self.stop_now(futures)
             raise
-        finally:
-            threads.shutdown(wait=True)
-        return [verdict for verdict in results if verdict is not None]
+
+    def stop_now(self, futures: Sequence[Future[Verdict]]) -> None:
+        """Ctrl-C: none of `futures` still queued starts, and the busy workers are killed, so
+        that the interrupt ends at once."""
+        self.stopping.set()
+        for future in futures:
+            future.cancel()
+        # Kill until every job is back: a worker still starting joins the pool later.
+        while not all(future.done() for future in futures):
+            for slot in range(self.size):
+                self.retire(slot)
+            time.sleep(0.1)
+        self.stopping.clear()
 
     def retire(self, slot: int) -> None:
         """Drop the slot's worker after a failure of Kiln's own; the next job starts another."""
@@ -243,6 +263,11 @@ class WorkerPool:
             worker.kill()
 
     def close(self) -> None:
+        self.stopping.set()  # what is still queued never starts
+        for _ in self.slot_threads:
+            self.pending.put(None)
+        for thread in self.slot_threads:
+            thread.join()
         for worker in self.workers:
             if worker is not None:
                 worker.close()

@@ -21,8 +21,10 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -149,6 +151,8 @@ class RayEvaluator:
         self.retries = 0
         self.judges_replaced = 0
         self.shipped: dict[Path, tuple[int, Any]] = {}
+        self.guard = threading.Lock()  # the counts and `shipped`, shared by `submit`'s threads
+        self.waiting = ThreadPoolExecutor(self.slots, thread_name_prefix="kiln-ray")
 
     def __enter__(self) -> RayEvaluator:
         return self
@@ -157,6 +161,7 @@ class RayEvaluator:
         self.close()
 
     def close(self) -> None:
+        self.waiting.shutdown(wait=False, cancel_futures=True)
         if self.started_ray and self.ray.is_initialized():
             self.ray.shutdown()
 
@@ -173,11 +178,27 @@ class RayEvaluator:
     def files_ref(self, problem_path: Path) -> Any:
         """The problem's files in the object store, put there once per version of the file."""
         stamp = problem_path.stat().st_mtime_ns
-        cached = self.shipped.get(problem_path)
-        if cached is None or cached[0] != stamp:
-            cached = self.shipped[problem_path] = (stamp,
-                                                   self.ray.put(problem_files(problem_path)))
+        with self.guard:
+            cached = self.shipped.get(problem_path)
+            if cached is None or cached[0] != stamp:
+                cached = self.shipped[problem_path] = (
+                    stamp, self.ray.put(problem_files(problem_path)))
         return cached[1]
+
+    def submit(self, items: Sequence[tuple[str | Path, str]],
+               counters: bool | Sequence[bool] = False) -> list[Future[Verdict]]:
+        """`evaluate_many` without waiting: a future a verdict, each item a task of its own,
+        at most one a GPU of the cluster at once."""
+        flags = [counters] * len(items) if isinstance(counters, bool) else list(counters)
+        return [self.waiting.submit(lambda item=item, flag=flag:
+                                    self.evaluate_many([item], [flag])[0])
+                for item, flag in zip(items, flags, strict=True)]
+
+    def stop_now(self, futures: Sequence[Future[Verdict]]) -> None:
+        """Ctrl-C while `futures` are pending: none still queued starts (the tasks in flight
+        end with the cluster's connection, when the evaluator closes)."""
+        for future in futures:
+            future.cancel()
 
     def evaluate(self, problem_path: str | Path, candidate_source: str) -> Verdict:
         return self.evaluate_many([(problem_path, candidate_source)])[0]
@@ -230,7 +251,8 @@ class RayEvaluator:
             except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError,
                     ray.exceptions.ObjectLostError) as err:
                 if attempts[index] <= self.max_retries:
-                    self.retries += 1
+                    with self.guard:
+                        self.retries += 1
                     waiting.insert(0, index)
                     continue
                 results[index] = Verdict.rejected(
@@ -242,7 +264,8 @@ class RayEvaluator:
                 if err.cause is not None:  # Kiln's own error in the task: the same as locally
                     raise err.cause from err
                 raise
-            self.judges_replaced += outcome["replaced"]
+            with self.guard:
+                self.judges_replaced += outcome["replaced"]
             if "input_error" in outcome:
                 raise KilnInputError(*outcome["input_error"])
             verdict = Verdict.from_dict(outcome["verdict"])

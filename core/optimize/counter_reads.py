@@ -1,17 +1,16 @@
-"""Hardware counters of each site's best kernels, read beside the search's rounds.
+"""Hardware counters of each site's best kernels, read while the search goes on.
 
-After a round of a site's search, its best few kernels without counters are queued
-(`CounterReads.queue`); the next round of that site judges them again with Nsight Compute beside
-its new candidates, in one `evaluate_many` (a read holds one worker for seconds, which between
-rounds would leave the others idle), and `merge` gives each its counters and the diagnosis they
-draw. Reads still queued when the search ends are made for every site at once (`flush`).
+A site's best few kernels without counters are due a read (`CounterReads.due`); the run judges
+them again with Nsight Compute beside the candidates it has in flight (`core.optimize.flight`:
+a read holds one worker for seconds, which between rounds would leave the others idle), and
+`merge` gives each its counters and the diagnosis they draw. Reads still due when the search
+ends are made for every site at once (`flush`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from core.evaluate import Evaluator, Verdict
@@ -29,25 +28,16 @@ class CounterReads:
     store_verdict: Callable[[int, Verdict], None]  # a candidate's latest verdict, kept
     say: Callable[[str], None]  # a progress line
 
-    def queue(self, run: SiteRun) -> None:
-        """The site's best few kernels without counters, to be read beside its next round."""
-        if self.count:
-            run.to_profile = unprofiled_best(run.search, self.count, run.profiled)
-
-    def beside(self, run: SiteRun, items: list[tuple[Path, str]],
-               evaluator: Evaluator | RayEvaluator) -> list[Verdict]:
-        """The verdicts of a round's `items`, judged together with the site's queued reads,
-        which are merged here."""
-        queued, run.to_profile = run.to_profile, []
-        verdicts = evaluator.evaluate_many(
-            [*items, *((run.problem, source_of(node)) for node in queued)],
-            counters=[False] * len(items) + [True] * len(queued))
-        self.merge(run, queued, verdicts[len(items):])
-        return verdicts[:len(items)]
+    def due(self, run: SiteRun, reading: list[Node]) -> list[Node]:
+        """The site's best few kernels without counters, but for those being read."""
+        if not self.count:
+            return []
+        return [n for n in unprofiled_best(run.search, self.count, run.profiled)
+                if n not in reading]
 
     def flush(self, runs: list[SiteRun], evaluator: Evaluator | RayEvaluator) -> None:
-        """The reads still queued when the search ends, made for every site at once."""
-        queued = [(run, node) for run in runs for node in run.to_profile]
+        """The reads still due when the search ends, made for every site at once."""
+        queued = [(run, node) for run in runs for node in self.due(run, [])]
         verdicts = evaluator.evaluate_many(
             [(run.problem, source_of(node)) for run, node in queued],
             counters=True) if queued else []
@@ -55,7 +45,6 @@ class CounterReads:
             mine = [(node, v) for (owner, node), v in zip(queued, verdicts, strict=True)
                     if owner is run]
             self.merge(run, [node for node, _ in mine], [v for _, v in mine])
-            run.to_profile = []
 
     def merge(self, run: SiteRun, nodes: list[Node], judged: list[Verdict]) -> None:
         """The counters read for the site's `nodes` merged into their verdicts, and said."""

@@ -1,11 +1,12 @@
 """One optimize run: profile the model, search the sites that matter, record everything.
 
-Sites are searched in rounds; each round gives one batch of evaluations to the site with the
-most to gain: its share of the model's time, times its headroom above the roofline floor,
-discounted by the evaluations it has had. Once a site's first round of Triton kernels is
-judged, if it still holds at least `cuda_share` of the model's remaining time, the CUDA tier
-joins the same tree: its seeds and drafts hang under the Triton kernels expanded next, the best
-first. It joins after one round, not once Triton settles, because a large site judges a few
+The evaluator's workers are kept busy: each verdict that comes back lands in its site's tree,
+and the next expansions go out at once, to the site with the most to gain: its share of the
+model's time, times its headroom above the roofline floor, discounted by the evaluations it has
+had (`core.optimize.flight`). Once a site's first batch of Triton kernels is judged, if it
+still holds at least `cuda_share` of the model's remaining time, the CUDA tier joins the same
+tree: its seeds and drafts hang under the Triton kernels expanded next, the best first. It
+joins after one batch, not once Triton settles, because a large site judges a few
 kernels a minute and its schedules with the most to gain (rows shared by a cluster, rows kept
 in shared memory) are the CUDA tier's alone (bench/NOTES.md, 2026-12-06, 08:10 UTC). Every
 candidate and verdict is written to the store the moment it exists.
@@ -35,9 +36,16 @@ from core.evaluate.site_baseline import time_site
 from core.optimize.config import OptimizeConfig, minutes_spent, run_settings
 from core.optimize.counter_reads import CounterReads
 from core.optimize.e2e import EndToEnd, EndToEndCheck
+from core.optimize.flight import Flight, Pending
 from core.optimize.interrupt import GracefulStop
 from core.optimize.report import note_declines
-from core.optimize.site_run import SiteRun, feedback_of, headroom_ms, site_priority
+from core.optimize.site_run import (
+    SiteRun,
+    feedback_of,
+    headroom_ms,
+    site_priority,
+    with_best,
+)
 from core.profile.pipeline import ProfiledModel, profile_sites
 from core.profile.progress import Progress
 from core.profile.sites import Site
@@ -45,7 +53,7 @@ from core.runtime.errors import KilnInputError, error_line, out_of_memory
 from core.search.tree import Node, SiteSearch, going_on
 from core.timing.device_lock import device_lock_path, shared_device
 from core.timing.precision import fp32_matmuls
-from generators.base import Feedback, Generator, Parent, Proposal, Proposals, Repairer
+from generators.base import Generator, Parent, Proposal, Proposals, Repairer
 from generators.llm.config import LlmCall
 from generators.mixed import MixedGenerator
 from generators.rules import RulesGenerator
@@ -113,23 +121,13 @@ class OptimizeRun:
             return RayEvaluator(eval_config, self.config.ray_address)
         return Evaluator(eval_config, workers=self.config.workers)
 
-    def _site_run(self, site: Site, site_id: int, evaluator: Evaluator | RayEvaluator
-                  ) -> SiteRun:
+    def _site_run(self, site: Site, site_id: int) -> SiteRun:
         problem = site.folder / "problem.py"
         self.site_of_problem[problem.resolve()] = site_id
         holder: dict[str, SiteRun] = {}
 
         def propose(parent: Parent | None, n: int) -> Proposals:
             return self.generator.propose(problem, parent, n, holder["run"].tiers)
-
-        def evaluate(proposals: list[Proposal]) -> list[Feedback]:
-            run = holder["run"]
-            verdicts = self.counter_reads.beside(
-                run, [(problem, p.source) for p in proposals], evaluator)
-            for proposal, verdict in zip(proposals, verdicts, strict=True):
-                run.verdicts[id(proposal)] = verdict
-                run.note_baseline(verdict.baseline_ms)
-            return [feedback_of(v, site.cost.floor_ms, self.config.feedback) for v in verdicts]
 
         def record(node: Node) -> None:
             run = holder["run"]
@@ -147,7 +145,8 @@ class OptimizeRun:
 
         repairable = self.generator.can_repair if isinstance(self.generator, Repairer) \
             else None
-        search = SiteSearch(math.inf, site.cost.floor_ms, propose, evaluate, record,
+        # Its candidates are judged as they are launched (`_search`), not a batch at a time.
+        search = SiteSearch(math.inf, site.cost.floor_ms, propose, None, record,
                             self.config.search, repairable)
         # Triton first where the run has it; a run of the CUDA tier alone starts there.
         first = ("triton",) if "triton" in self.config.tiers else tuple(self.config.tiers)
@@ -223,7 +222,7 @@ class OptimizeRun:
         doing = "timing the sites' baselines"
         try:
             with self._evaluator(eval_config) as evaluator, self.stop.deferred():
-                runs = [self._site_run(s, site_ids[s.key], evaluator) for s in chosen]
+                runs = [self._site_run(s, site_ids[s.key]) for s in chosen]
                 stored = {s.id: s for s in state.sites} if state is not None else {}
                 self._baselines(runs, stored, eval_config)
                 doing = "searching"
@@ -258,8 +257,8 @@ class OptimizeRun:
                                  / f"report-run{run_id}.md"),
                 "resumed": state is not None, "status": "failed" if failure else "done",
                 "failure": failure, "allow_tf32": config.profile.allow_tf32,
-                "searched": [self._site_result(r) for r in runs],
-                "sites": [self._with_best(s, runs) for s in report["sites"]],
+                "searched": [r.result() for r in runs],
+                "sites": [with_best(s, runs) for s in report["sites"]],
                 "e2e": e2e}
 
     def _baselines(self, runs: list[SiteRun], stored: dict[int, object],
@@ -352,29 +351,77 @@ class OptimizeRun:
 
     def _search(self, runs: list[SiteRun], total_ms: float,
                 evaluator: Evaluator | RayEvaluator) -> None:
-        while not self._out_of_budget():
-            self.stop.check()
+        """Keep the evaluator's workers busy (`core.optimize.flight`): each verdict that comes
+        back lands in its site's tree, and the next expansions go out with it known."""
+        flight = Flight(evaluator)
+        try:
+            while True:
+                if self.stop.requested or self._out_of_budget():
+                    flight.cancel_queued()  # what the workers hold lands and is stored
+                else:
+                    self._fill(runs, total_ms, flight)
+                if not flight:
+                    self.stop.check()
+                    if self._out_of_budget() or not self._go_on(runs):
+                        return
+                    continue
+                for pending, verdict in flight.landed():
+                    self._land(pending, verdict)
+        except KeyboardInterrupt:  # not deferred (a run outside the main thread)
+            flight.stop()
+            raise
+
+    def _fill(self, runs: list[SiteRun], total_ms: float, flight: Flight) -> None:
+        """Launch expansions, and counter reads of the best kernels, until the flight is full:
+        the site with the most to gain first."""
+        blocked: set[int] = set()  # sites with nothing to launch until something lands
+        while flight.room > 0:
             for run in runs:
                 if run.search.done or run.steps > 0:
                     self._maybe_add_cuda(run, total_ms)
-            open_runs = [r for r in runs if not r.search.done]
+            open_runs = [r for r in runs if not r.search.done and id(r) not in blocked]
             if not open_runs:
-                if not self._go_on(runs):
-                    return
-                open_runs = [r for r in runs if not r.search.done]
+                return
             run = max(open_runs, key=lambda r: site_priority(r, total_ms))
-            limit = self.config.max_candidates - self.evaluated
-            done = run.search.step(limit=limit)
-            run.steps += 1
-            self.evaluated += done
-            self.counter_reads.queue(run)
-            best = run.search.best
-            speed = run.search.baseline_ms / best.latency_ms if best else 1.0
-            self.progress.step(
-                f"{run.site.key}: {run.search.evaluations} evaluated, best "
-                + (f"{speed:.2f}x ({best.proposal.tier})" if best else "PyTorch (1.00x)")
-                + (f"; no kernels: {run.search.declined}"
-                   if run.search.declined and not run.search.evaluations else ""))
+            due = self.counter_reads.due(run, flight.reads(run))
+            if due and flight.may_read():
+                flight.read(run, due[0])
+                continue
+            limit = min(flight.room,
+                        self.config.max_candidates - self.evaluated - flight.candidates)
+            expansions = run.search.launch(limit, flight.busy(run)) if limit > 0 else []
+            if expansions:
+                flight.launch(run, expansions)
+                continue
+            blocked.add(id(run))
+            if run.search.stuck and not run.search.evaluations:
+                self._say_step(run)
+
+    def _land(self, pending: Pending, verdict: Verdict) -> None:
+        run = pending.run
+        if pending.proposal is None:
+            self.counter_reads.merge(run, [pending.node], [verdict])
+            return
+        run.verdicts[id(pending.proposal)] = verdict
+        run.note_baseline(verdict.baseline_ms)
+        feedback = feedback_of(verdict, run.site.cost.floor_ms, self.config.feedback)
+        run.search.land(pending.node, pending.proposal, feedback)
+        self.evaluated += 1
+        assert pending.launch is not None
+        pending.launch.left -= 1
+        if pending.launch.left:
+            return
+        run.steps += 1
+        self._say_step(run)
+
+    def _say_step(self, run: SiteRun) -> None:
+        best = run.search.best
+        speed = run.search.baseline_ms / best.latency_ms if best else 1.0
+        self.progress.step(
+            f"{run.site.key}: {run.search.evaluations} evaluated, best "
+            + (f"{speed:.2f}x ({best.proposal.tier})" if best else "PyTorch (1.00x)")
+            + (f"; no kernels: {run.search.declined}"
+               if run.search.declined and not run.search.evaluations else ""))
 
     def _go_on(self, runs: list[SiteRun]) -> bool:
         """Every site is done, but the run has time left: the sites that stopped for want of a
@@ -384,36 +431,6 @@ class OptimizeRun:
             self.progress.step(f"{run.site.key}: no new best in {run.search.since_best} "
                                "evaluations; the budget has time left, so its search goes on")
         return bool(stalled)
-
-    @staticmethod
-    def _site_result(run: SiteRun) -> dict[str, object]:
-        best = run.search.best
-        baseline = run.search.baseline_ms
-        return {
-            "id": run.site.key,
-            "evaluations": run.search.evaluations,
-            # Why the generator wrote nothing at all; once it has, running out of drafts is
-            # the normal end of the root's widening, not news.
-            "declined": run.search.declined if run.search.evaluations == 0 else "",
-            "eager_ms": run.eager_ms,
-            "compile_ms": run.compile_ms,
-            "best": {
-                "candidate_id": best.candidate_id if best else None,
-                "tier": best.proposal.tier if best else "torch",
-                "latency_ms": best.latency_ms if best else baseline,
-                "speedup": baseline / best.latency_ms if best else 1.0,
-                "speedup_vs_eager": (run.eager_ms / best.latency_ms if best and run.eager_ms
-                                     else 1.0),
-                "depth": best.depth if best else 0,
-            },
-        }
-
-    def _with_best(self, record: dict, runs: list[SiteRun]) -> dict[str, object]:
-        searched = next((r for r in runs if r.site.key == record["id"]), None)
-        if searched is None:
-            return {**record, "best": {"candidate_id": None, "tier": "torch",
-                                       "latency_ms": None, "speedup": 1.0}}
-        return {**record, **self._site_result(searched)}
 
 
 def _model_hash(profiled: ProfiledModel) -> str:

@@ -11,7 +11,7 @@ from core.evaluate import Verdict
 from core.optimize.e2e import SiteGain
 from core.profile.sites import Site
 from core.runtime.guarded import SiteKernel
-from core.search.tree import Node, SiteSearch
+from core.search.tree import SiteSearch
 from generators.base import Feedback
 
 
@@ -24,11 +24,9 @@ class SiteRun:
     verdicts: dict[int, Verdict] = field(default_factory=dict)  # by id() of the proposal
     stored: dict[int, Verdict] = field(default_factory=dict)  # by candidate id
     profiled: set[int] = field(default_factory=set)  # candidate ids with counters
-    # Best kernels whose counters are read beside the site's next round of candidates.
-    to_profile: list[Node] = field(default_factory=list)
     eager_samples: list[float] = field(default_factory=list)  # the site's eager times, ms
     compile_ms: float | None = None
-    steps: int = 0  # search steps taken in this run
+    steps: int = 0  # batches of its search judged whole in this run
 
     @property
     def problem(self) -> Path:
@@ -73,6 +71,39 @@ class SiteRun:
         floor = self.site.cost.floor_ms
         best = self.search.best_ms
         return max(0.0, 1.0 - floor / best) if best > 0 else 0.0
+
+
+    def result(self) -> dict[str, object]:
+        """The site's search, as the run's result reports it."""
+        best = self.search.best
+        baseline = self.search.baseline_ms
+        return {
+            "id": self.site.key,
+            "evaluations": self.search.evaluations,
+            # Why the generator wrote nothing at all; once it has, running out of drafts is
+            # the normal end of the root's widening, not news.
+            "declined": self.search.declined if self.search.evaluations == 0 else "",
+            "eager_ms": self.eager_ms,
+            "compile_ms": self.compile_ms,
+            "best": {
+                "candidate_id": best.candidate_id if best else None,
+                "tier": best.proposal.tier if best else "torch",
+                "latency_ms": best.latency_ms if best else baseline,
+                "speedup": baseline / best.latency_ms if best else 1.0,
+                "speedup_vs_eager": (self.eager_ms / best.latency_ms if best and self.eager_ms
+                                     else 1.0),
+                "depth": best.depth if best else 0,
+            },
+        }
+
+
+def with_best(record: dict, runs: list[SiteRun]) -> dict[str, object]:
+    """A site of the profile's report, with its search's result where it was searched."""
+    searched = next((r for r in runs if r.site.key == record["id"]), None)
+    if searched is None:
+        return {**record, "best": {"candidate_id": None, "tier": "torch",
+                                   "latency_ms": None, "speedup": 1.0}}
+    return {**record, **searched.result()}
 
 
 def headroom_ms(time_ms: float | None, floor_ms: float | None) -> float:

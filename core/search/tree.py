@@ -10,10 +10,13 @@ promising nodes get more. A kernel that failed a check takes no children, except
 generator able to repair it (`repairable`) gets one repair child, ahead of the next batch's
 expansions; a subtree below such a kernel is searched once a repair in it came out correct; a
 correct kernel slower than the baseline is a parent like any other. Expansions are
-taken in batches, so the evaluator's workers compile one batch while the GPU times another.
+taken in batches (`step`); a caller that keeps its workers busy launches batches while others
+are being judged (`launch`, then `land` each verdict as it comes), and the nodes whose children
+are in flight are not expanded again until they land.
 
-The search is deterministic given the generator, the evaluator and the seed: ties are broken
-by a seeded generator, never by timing or hashing.
+Taken a `step` at a time, the search is deterministic given the generator, the evaluator and
+the seed: ties are broken by a seeded generator, never by timing or hashing. Launched while
+others are judged, the tree depends on which verdicts have landed at each launch.
 """
 
 from __future__ import annotations
@@ -87,7 +90,7 @@ class SiteSearch:
     baseline_ms: float
     floor_ms: float
     propose: Propose
-    evaluate: Evaluate
+    evaluate: Evaluate | None  # None: the caller judges `launch`'s children itself
     record: Record
     config: SearchConfig = SearchConfig()
     repairable: Repairable | None = None  # which rejected kernels get a repair child
@@ -170,9 +173,26 @@ class SiteSearch:
         return node if grow else None
 
     def step(self, limit: int | None = None) -> int:
-        """One batch of expansions, at most `limit` kernels; returns how many were evaluated."""
+        """One batch of expansions judged together (`launch`, `evaluate`, `land`), at most
+        `limit` kernels; returns how many were evaluated."""
+        if self.evaluate is None:
+            raise ValueError("this search has no evaluate: its caller judges what `launch` "
+                             "gives and lands each verdict")
+        expansions = self.launch(limit)
+        if not expansions:
+            return 0
+        feedback = self.evaluate([p for _, p in expansions])
+        for (parent, proposal), verdict in zip(expansions, feedback, strict=True):
+            self.land(parent, proposal, verdict)
+        return len(expansions)
+
+    def launch(self, limit: int | None = None, busy: frozenset[Node] = frozenset()
+               ) -> list[tuple[Node, Proposal]]:
+        """The next batch of expansions, each a parent and a child to judge, at most `limit`
+        kernels. `busy`: nodes whose children are being judged now, not expanded again until
+        those land. Nothing to launch while nothing is busy leaves the search `stuck`."""
         limit = self.config.batch * self.config.children_per_expansion if limit is None else limit
-        taken: set[Node] = set()
+        taken: set[Node] = set(busy)
         expansions: list[tuple[Node, Proposal]] = []
         expanded = 0
         while self.repairs and expanded < self.config.batch and len(expansions) < limit:
@@ -196,15 +216,12 @@ class SiteSearch:
                 continue
             expanded += 1
             expansions += [(node, p) for p in result.children]
-        if not expansions:
+        if not expansions and not busy:
             self.stuck = True
-            return 0
-        feedback = self.evaluate([p for _, p in expansions])
-        for (parent, proposal), verdict in zip(expansions, feedback, strict=True):
-            self._add(parent, proposal, verdict)
-        return len(expansions)
+        return expansions
 
-    def _add(self, parent: Node, proposal: Proposal, feedback: Feedback) -> None:
+    def land(self, parent: Node, proposal: Proposal, feedback: Feedback) -> None:
+        """A launched child's verdict: it joins the tree under `parent`."""
         child = Node(proposal, parent, feedback)
         self.since_best += 1
         if self._attach(child):
