@@ -20,6 +20,7 @@ from core.evaluate.diagnosis import (
     UNCOALESCED,
     diagnosis_code,
 )
+from generators.compiler.library import LAYOUTS
 
 # Ladders are powers of two because Triton block sizes must be; warps beyond 16 are not
 # allowed and stages beyond 5 only add shared memory on Hopper.
@@ -50,6 +51,7 @@ LADDERS: dict[str, tuple[int | bool | str, ...]] = {
     "keep_row": (False, True),
     # tf32 alone is no rung: it changes the answer, and is for runs that allow it.
     "precision": ("ieee", "tf32x3"),
+    "library_layout": LAYOUTS,
 }
 WHY_UP: dict[str, str] = {
     "block": "more elements per program, fewer programs to schedule",
@@ -82,6 +84,8 @@ WHY_UP: dict[str, str] = {
     "keep_row": "a row's inputs kept on chip from its first walk: later walks read no memory",
     "precision": "fp32 products as three tf32 tensor-core products: fp32's accuracy at several "
                  "times the speed of fp32 arithmetic",
+    "library_layout": "the convolution on channels-last input: cuDNN's NHWC kernels, and its "
+                      "output read along the channels",
 }
 WHY_DOWN: dict[str, str] = {
     "block": "smaller blocks, more programs to fill every SM",
@@ -113,6 +117,8 @@ WHY_DOWN: dict[str, str] = {
     "keep_row": "a row's walks read memory again: no shared memory or registers held, more "
                 "blocks an SM",
     "precision": "exact fp32 products on the CUDA cores: no split operands held in registers",
+    "library_layout": "the convolution on its input as given: no conversion, its output laid "
+                      "out as the site's",
 }
 
 

@@ -27,7 +27,7 @@ def problem(folder: Path, params: str, body: str, inputs: str) -> Path:
     return path
 
 
-def test_pooling_is_a_reduction_site_that_takes_the_convs_activation():
+def test_a_conv_takes_the_pooling_of_its_activation():
     class Model(nn.Module):
         def __init__(self):
             super().__init__()
@@ -39,10 +39,10 @@ def test_pooling_is_a_reduction_site_that_takes_the_convs_activation():
             return F.avg_pool2d(self.depthwise(pooled) * 0.5, 2, 1)
 
     table = sites_of(Model(), torch.randn(2, 3, 12, 12))
-    # Both convolutions' epilogues only feed a pooling: they move into the pooling's site.
+    # Each pooling joins its convolution's site: cuDNN's (or the depthwise windows), then the
+    # activation and the pooling in the kernels.
     assert sorted((s.family, s.problem.ops) for s in table.sites) == [
-        ("conv", ("conv2d",)), ("conv", ("conv2d",)), ("reduction", ("mul", "avg_pool2d")),
-        ("reduction", ("relu", "max_pool2d"))]
+        ("conv", ("conv2d", "mul", "avg_pool2d")), ("conv", ("conv2d", "relu", "max_pool2d"))]
 
 
 @pytest.mark.parametrize(("params", "body", "inputs"), [
@@ -52,13 +52,32 @@ def test_pooling_is_a_reduction_site_that_takes_the_convs_activation():
 ])
 def test_the_first_draft_is_judged_correct(params, body, inputs, tmp_path):
     path = problem(tmp_path, params, body, inputs)
+    verdict = first_draft_verdict(path)
+    assert verdict.correct, verdict.reason
+    assert verdict.library_ops == [], "the convolution is the kernel's own work"
+
+
+def first_draft_verdict(path: Path):
     assert declined(path) is None
     drafts = RulesGenerator().propose(path, None, n=8).children
     compiled = [d for d in drafts if d.settings.get("writer") == "write_compiled"]
     assert compiled, [d.rationale for d in drafts]
-    verdict = evaluate(path, compiled[0].source, EvalConfig(device="cpu", time=False))
+    return evaluate(path, compiled[0].source, EvalConfig(device="cpu", time=False))
+
+
+@pytest.mark.parametrize(("params", "body", "inputs", "library"), [
+    # cuDNN's convolution, then the activation and the pooling's windows over its output.
+    ("x, w, b", "F.max_pool2d(torch.relu(F.conv2d(x, w, b)), 2)",
+     "torch.randn(2, 3, 12, 12), torch.randn(8, 3, 3, 3), torch.randn(8)", ["aten.convolution"]),
+    # A depthwise convolution's windows, then the pooling's windows over them.
+    ("x, w, b", "F.avg_pool2d(F.conv2d(x, w, b, padding=1, groups=8) * 0.5, 2, 1)",
+     "torch.randn(2, 8, 9, 7), torch.randn(8, 1, 3, 3), torch.randn(8)", []),
+])
+def test_a_convolution_with_its_pooling_is_judged_correct(params, body, inputs, library,
+                                                          tmp_path):
+    verdict = first_draft_verdict(problem(tmp_path, params, body, inputs))
     assert verdict.correct, verdict.reason
-    assert verdict.library_ops == [], "the convolution is the kernel's own work"
+    assert verdict.library_ops == library
 
 
 @pytest.mark.parametrize(("params", "body", "inputs", "reason"), [

@@ -39,8 +39,8 @@ def test_conv_takes_inference_batch_norm_activation_and_residual():
     found = ops_by_family(sites_of(model, *inputs))
     assert ("conv", ("conv2d", "batch_norm", "relu")) in found
     assert ("conv", ("conv2d", "batch_norm", "add", "relu")) in found
-    # The last block's epilogue only feeds the global pooling: it moves into the pooling's site.
-    assert ("reduction", ("batch_norm", "add", "relu", "adaptive_avg_pool2d")) in found
+    # The last block's conv takes the global pooling too: its full-size output is never written.
+    assert ("conv", ("conv2d", "batch_norm", "add", "relu", "adaptive_avg_pool2d")) in found
 
 
 def test_identical_blocks_are_one_site_with_many_calls():
@@ -185,7 +185,7 @@ def test_matmul_takes_the_elementwise_chain_that_only_computes_its_left_operand(
     assert ("pointwise", ("add",)) in found
 
 
-def test_a_convs_epilogue_that_only_feeds_a_norm_moves_into_the_norms_site():
+def test_a_conv_takes_a_norm_of_its_output_and_what_follows():
     class Model(nn.Module):
         def __init__(self):
             super().__init__()
@@ -194,13 +194,29 @@ def test_a_convs_epilogue_that_only_feeds_a_norm_moves_into_the_norms_site():
             self.norm = nn.GroupNorm(2, 8)
 
         def forward(self, x):
-            moved = self.norm(F.gelu(self.up(x)))
-            kept = torch.sigmoid(self.conv(x) + 1.0)  # also returned: it stays the conv's
-            return moved, self.norm(kept), kept * 2
+            first = self.norm(F.gelu(self.up(x)))
+            kept = torch.sigmoid(self.conv(x) + 1.0)  # also returned: a second output
+            return first, torch.tanh(self.norm(kept)), kept * 2
 
     found = ops_by_family(sites_of(Model(), torch.randn(2, 4, 10, 10)))
-    assert found == {("conv", ("conv_transpose2d",)), ("reduction", ("gelu", "group_norm")),
-                     ("conv", ("conv2d", "add", "sigmoid", "mul")), ("reduction", ("group_norm",))}
+    assert found == {("conv", ("conv_transpose2d", "gelu", "group_norm")),
+                     ("conv", ("conv2d", "add", "sigmoid", "group_norm", "tanh", "mul"))}
+
+
+def test_a_conv_takes_one_reduction_and_its_epilogue_stays():
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(4, 8, 3)
+            self.norm = nn.GroupNorm(2, 8)
+
+        def forward(self, x):
+            normed = torch.relu(self.norm(self.conv(x)))
+            # A second reduction, over the channels the norm kept: a site of its own.
+            return torch.logsumexp(normed, dim=1)
+
+    found = ops_by_family(sites_of(Model(), torch.randn(2, 4, 10, 10)))
+    assert found == {("conv", ("conv2d", "group_norm", "relu")), ("reduction", ("logsumexp",))}
 
 
 def test_matmul_takes_a_norm_of_its_operands_rows_that_only_it_reads():

@@ -10,9 +10,12 @@ replaced by a single call. Regions are grown greedily in graph order:
   rows (sum, mean, max, min or logsumexp along the last dimension: each tile reduces its
   columns, a second pass combines the tiles) and the elementwise ops on the reduced values,
   and the norms and softmaxes its tiles can finish alone (`tile_norms`);
+- a conv takes a reduction of its values too (a norm, a softmax, a sum: the vendor
+  convolution, then one pass over its output) and what follows it;
 - a reduction or norm anchors a region, swallows the pointwise chain of its input's shape that
   feeds it (the prologue; a value others read too becomes a second output; a conv's epilogue
-  that only feeds it moves in too) and takes its epilogue;
+  that only feeds it moves in too, where the reduction cannot join the conv) and takes its
+  epilogue;
 - remaining elementwise ops (inference-mode batch norm among them: a per-channel affine map)
   form maximal pointwise chains, across any broadcast;
 - every other op with tensor inputs is a one-node `other` region, kept with PyTorch;
@@ -242,8 +245,24 @@ class _Grower:
         same_tile = math.prod(shape) == math.prod(anchor) and shape[-1] == anchor[-1]
         return region if same_tile else None
 
+    def _joins_conv(self, node: fx.Node) -> Region | None:
+        """The open conv region whose values the reduction `node` reads: it joins the region,
+        so that the kernels after the vendor convolution read its output once (the bias, the
+        epilogue, the norm or softmax and what follows in one pass where the compiler plans
+        one kernel; `generators.compiler.library`)."""
+        regions = {self._open(self.region_of.get(p)) for p in node.all_input_nodes}
+        convs = [r for r in regions if r is not None and r.family == "conv"]
+        if len(convs) != 1 or not self._convex_with(node, convs[0]):
+            return None
+        # One reduction a conv region: a second one over other dimensions (a logsumexp over
+        # the channels of a group norm's output) needs a kernel of its own, which the site
+        # after it gives as well.
+        if any(op_info(m).kind is OpKind.REDUCTION for m in convs[0].nodes):
+            return None
+        return convs[0]
+
     def add_reduction(self, node: fx.Node) -> None:
-        fused = self._joins_matmul(node)
+        fused = self._joins_matmul(node) or self._joins_conv(node)
         if fused is not None:
             fused.nodes.append(node)
             self.region_of[node] = fused
@@ -275,6 +294,8 @@ class _Grower:
         write and one read of the conv's output fewer). Only an epilogue of the conv output's
         shape that nothing else reads moves."""
         epilogue = conv.nodes[1:]  # the conv anchors its region
+        if any(op_info(m).kind is OpKind.REDUCTION for m in epilogue):
+            return  # the conv took a reduction of its own (`_joins_conv`): it keeps its values
         members = set(epilogue)
         if parent not in members or any(u not in members and u is not node
                                          for m in epilogue for u in m.users):

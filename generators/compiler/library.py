@@ -5,6 +5,12 @@ a group norm, a sum) is where a site's kernels win. The convolution is called th
 the candidate's forward, before the kernels and without its bias, and its output is one more
 input of the IR (`Input.call` says how the forward computes it). The bias becomes an add of the
 kernels: torch would add it to the convolution's output in a pass of its own.
+
+Where the schedule asks for it (`Schedule.library_layout`), the convolution takes its input
+channels-last, whatever layout the site was given: cuDNN's NHWC kernels ran every convolution of
+the development set's level 2 in 0.58-0.73 of its NCHW time, the input's conversion included
+for most (bench/NOTES.md, 2026-12-07, 12:47-). Its output is then channels-last too, which the
+kernels after it read along its channels.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ import torch
 from generators.compiler.ir import Elementwise, Input, Value, View
 from generators.site_graph import Unsupported, constant_source
 
+LAYOUTS = ("", "channels_last")  # as the site's input is laid out, or channels-last
+_CHANNELS_LAST = {4: torch.channels_last, 5: torch.channels_last_3d}  # by rank
 # The torch.nn.functional call of a convolution: (transposed, windowed dimensions) -> name.
 _CALLS = {(False, 1): "conv1d", (False, 2): "conv2d", (False, 3): "conv3d",
           (True, 1): "conv_transpose1d", (True, 2): "conv_transpose2d",
@@ -29,7 +37,7 @@ def output_stride(shape: tuple[int, ...], operands: list[Input]) -> tuple[int, .
     """The layout torch gives a convolution's output: channels-last where its input or weight is
     (as cuDNN's suggested memory format has it; tracing on meta tensors says contiguous), else
     contiguous."""
-    layout = {4: torch.channels_last, 5: torch.channels_last_3d}.get(len(shape))
+    layout = _CHANNELS_LAST.get(len(shape))
     for operand in operands[:2]:
         laid = torch.empty_strided(operand.shape, operand.stride, device="meta")
         if layout is not None and laid.is_contiguous(memory_format=layout) and not \
@@ -42,9 +50,16 @@ def _setting(value: object) -> str:
     return constant_source(value, "a convolution setting that is a tensor")
 
 
-def convolution_call(source: Input, weight: Input, arguments: tuple) -> str:
+def channels_last(rank: int) -> torch.memory_format:
+    if rank not in _CHANNELS_LAST:
+        raise Unsupported(f"a channels-last layout for a convolution of rank {rank}")
+    return _CHANNELS_LAST[rank]
+
+
+def convolution_call(source: Input, weight: Input, arguments: tuple, layout: str = "") -> str:
     """The forward's expression of aten.convolution's `arguments` (stride, padding, dilation,
-    transposed, output_padding, groups) without a bias, through torch.nn.functional."""
+    transposed, output_padding, groups) without a bias, through torch.nn.functional; with
+    `layout`, its input converted to that layout first (a no-op where it already is)."""
     stride, padding, dilation, transposed, output_padding, groups = arguments
     dims = len(weight.shape) - 2
     if (bool(transposed), dims) not in _CALLS:
@@ -52,7 +67,10 @@ def convolution_call(source: Input, weight: Input, arguments: tuple) -> str:
     name = _CALLS[(bool(transposed), dims)]
     settings = ([stride, padding, output_padding, groups, dilation] if transposed
                 else [stride, padding, dilation, groups])
-    return (f"torch.nn.functional.{name}(in{source.index}, in{weight.index}, None, "
+    given = f"in{source.index}"
+    if layout:
+        given += f".contiguous(memory_format={channels_last(len(source.shape))})"
+    return (f"torch.nn.functional.{name}({given}, in{weight.index}, None, "
             + ", ".join(_setting(s) for s in settings) + ")")
 
 
@@ -61,6 +79,7 @@ class LibraryLowering:
     one as windows (`WindowLowering.depthwise_convolution`), any other through the library."""
 
     inputs: list[Input]
+    library_layout: str
 
     def lower_convolution(self, node, shape, dtype) -> Value:
         source, weight, bias = (self.value(a) for a in node.args[:3])
@@ -71,8 +90,15 @@ class LibraryLowering:
         if not all(isinstance(v, Input) and not v.call for v in operands):
             raise Unsupported("a convolution of values the site computes itself (cuDNN takes "
                               "the site's own inputs)")
-        out = Input(shape, dtype, index=len(self.inputs), stride=output_stride(shape, operands),
-                    call=convolution_call(source, weight, tuple(node.args[3:9])))
+        layout = self.library_layout
+        if layout:
+            # cuDNN lays the output out as the input it convolves (its suggested format).
+            stride = tuple(torch.empty(shape, device="meta",
+                                       memory_format=channels_last(len(shape))).stride())
+        else:
+            stride = output_stride(shape, operands)
+        out = Input(shape, dtype, index=len(self.inputs), stride=stride,
+                    call=convolution_call(source, weight, tuple(node.args[3:9]), layout))
         self.inputs.append(out)
         if bias is None:
             return out

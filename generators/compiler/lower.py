@@ -30,7 +30,7 @@ from generators.compiler.ir import (
     Value,
     View,
 )
-from generators.compiler.library import LibraryLowering
+from generators.compiler.library import LAYOUTS, LibraryLowering
 from generators.compiler.windows import WindowLowering, argument
 from generators.op_table import ELEMENTWISE_OPS
 from generators.site_graph import Unsupported
@@ -70,8 +70,9 @@ def trace(model: torch.nn.Module, inputs: list[object]) -> fx.GraphModule:
                           f"{str(err).splitlines()[0][:200]}") from err
 
 
-def lower_problem(problem: Path) -> Graph:
-    """The site problem at `problem` as IR."""
+def lower_problem(problem: Path, library_layout: str = "") -> Graph:
+    """The site problem at `problem` as IR; `library_layout`: the layout the vendor library's
+    calls take their input in (`generators.compiler.library`)."""
     from core.runtime.problem_loader import load_problem
 
     loaded = load_problem(problem, captured=False)
@@ -80,7 +81,7 @@ def lower_problem(problem: Path) -> Graph:
     inputs = loaded.inputs(0, "meta")
     with torch.device("meta"):
         model = loaded.model_class()
-    return lower(trace(model, inputs))
+    return lower(trace(model, inputs), library_layout)
 
 
 def _dims(dims: object, rank: int) -> tuple[int, ...]:
@@ -92,8 +93,9 @@ def _dims(dims: object, rank: int) -> tuple[int, ...]:
 
 
 class _Lowering(LibraryLowering, WindowLowering):
-    def __init__(self, gm: fx.GraphModule) -> None:
+    def __init__(self, gm: fx.GraphModule, library_layout: str = "") -> None:
         self.gm = gm
+        self.library_layout = library_layout
         self.done: dict[fx.Node, object] = {}
         self.inputs: list[Input] = []
         for node in gm.graph.nodes:
@@ -319,9 +321,12 @@ class _Lowering(LibraryLowering, WindowLowering):
         return Gather(shape, dtype, source=source, dim=dim % len(shape), index=index)
 
 
-def lower(gm: fx.GraphModule) -> Graph:
+def lower(gm: fx.GraphModule, library_layout: str = "") -> Graph:
     """The traced site as IR; its outputs in return order."""
-    lowering = _Lowering(gm)
+    if library_layout not in LAYOUTS:
+        raise Unsupported(f"a library layout {library_layout!r} (known: "
+                          f"{', '.join(map(repr, LAYOUTS))})")
+    lowering = _Lowering(gm, library_layout)
     (output,) = [n for n in gm.graph.nodes if n.op == "output"]
     returned = output.args[0]
     many = isinstance(returned, list | tuple)
@@ -332,4 +337,7 @@ def lower(gm: fx.GraphModule) -> Graph:
         if isinstance(value, Input) and value.call:
             raise Unsupported("the site returns the library's output as it is (a convolution "
                               "with no bias and nothing after it): nothing for a kernel to do")
+    if library_layout and not any(v.call for v in lowering.inputs):
+        raise Unsupported(f"a {library_layout} layout for the library's calls, in a site that "
+                          "makes none")
     return Graph(lowering.inputs, values, returns_tuple=many and len(values) > 1)

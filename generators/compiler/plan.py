@@ -278,24 +278,18 @@ def _broadcast_rows(loads: list[tuple[Input, Coords]], symbols: tuple[str, ...],
     """An elementwise kernel's row dimensions: the leading ones its broadcast inputs vary along
     (a convolution's channels, for per-channel parameters), so that those inputs, and what is
     computed from them alone, are loaded and computed once a row and not once an element.
-    None where a broadcast input varies along the last dimension (a bias over columns), where
-    the rows would be shorter than MIN_ROW_COLUMNS, or where the inputs of the domain's size
-    are not laid out with the columns innermost."""
+    None where a broadcast input varies along the last dimension (a bias over columns), or
+    where the rows would be shorter than MIN_ROW_COLUMNS. An input of the domain's size may lie
+    with the rows innermost (a convolution's channels-last output): the rows of a tile are
+    then read side by side and its columns written along the output."""
     every = set(symbols)
-    spans = [(value, coords, set().union(*(c.symbols() for c in coords)) & every)
-             for value, coords in loads]
-    broadcast = set().union(*(used for _, _, used in spans if used != every))
+    spans = [set().union(*(c.symbols() for c in coords)) & every for _, coords in loads]
+    broadcast = set().union(*(used for used in spans if used != every))
     if not broadcast:
         return ()
     rows = tuple(range(1 + max(symbols.index(s) for s in broadcast)))
-    column_symbols = set(symbols[len(rows):])
     if math.prod(domain[len(rows):]) < MIN_ROW_COLUMNS:
         return ()
-    for value, coords, used in spans:
-        if used == every:
-            for coord, stride in zip(coords, value.stride, strict=True):
-                if stride == 1 and coord.terms and not coord.symbols() <= column_symbols:
-                    return ()
     return rows
 
 

@@ -97,6 +97,9 @@ class Schedule:
     # Consecutive columns a thread takes at a time in a row's walks, loaded and stored as one
     # vector where an input or output lies along them (CUDA); 1: a column at a time.
     vector: int = 1
+    # The layout the vendor library's calls take their input in (`generators.compiler.library`):
+    # "" as the site's input is laid out, or "channels_last". It changes the kernels' program.
+    library_layout: str = ""
 
     def describe(self) -> str:
         return (f"{self.block_rows} row(s) x {self.block_columns} columns a block, "
@@ -110,7 +113,9 @@ class Schedule:
                    "barrier in global memory" if self.grid_blocks else "")
                 + (f", each row's inputs kept in {HELD_IN[self.held]} between its walks"
                    if self.keep_row else "")
-                + (f", {self.vector} columns a thread at a time" if self.vector > 1 else ""))
+                + (f", {self.vector} columns a thread at a time" if self.vector > 1 else "")
+                + (f", the library's convolution on {self.library_layout.replace('_', '-')} "
+                   "input" if self.library_layout else ""))
 
     def fitted(self, kernel: Kernel) -> Schedule:
         """This schedule within the kernel's sizes: no more rows a block than the kernel has
@@ -189,6 +194,13 @@ def drafts(kernel: Kernel) -> list[tuple[Schedule, str]]:
     loop = kernel.longest_loop
     rows = kernel.row_count
     if not kernel.reductions and kernel.scan_dim is None:
+        if kernel.rows and kernel.rows_contiguous():
+            # Rows side by side in memory (a channels-last convolution's output): square tiles,
+            # read along the rows and written along the columns, each in runs of whole lines.
+            return [(Schedule(32, 64, 4), "elementwise over rows side by side: 32 rows read "
+                                          "along memory × 64 columns written along it, 4 warps"),
+                    (Schedule(64, 64, 8), "elementwise over rows side by side: 64 × 64 tiles, "
+                                          "8 warps")]
         if kernel.rows:
             # Rows of a broadcast input (a conv output's channels): tiles of whole rows where
             # they are short, of parts of a row where they are long.

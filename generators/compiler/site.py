@@ -12,18 +12,21 @@ from generators.site_graph import SiteGraph, Unsupported
 
 
 @functools.lru_cache(maxsize=64)
-def _planned(problem: Path, modified_ns: int) -> Program | Unsupported:
+def _planned(problem: Path, modified_ns: int, library_layout: str = ""
+             ) -> Program | Unsupported:
     try:
-        return plan_program(lower_problem(problem))
+        return plan_program(lower_problem(problem, library_layout))
     except Unsupported as reason:
         return reason
 
 
-def program_of(graph: SiteGraph) -> Program:
-    """The planned kernels of the site `graph` was read from, or Unsupported saying why not."""
+def program_of(graph: SiteGraph, library_layout: str = "") -> Program:
+    """The planned kernels of the site `graph` was read from, its library calls taking their
+    input in `library_layout` (`generators.compiler.library`), or Unsupported saying why
+    not."""
     if graph.problem is None:
         raise Unsupported("the compiler plans kernels from a site problem file")
-    found = _planned(graph.problem.resolve(), graph.problem.stat().st_mtime_ns)
+    found = _planned(graph.problem.resolve(), graph.problem.stat().st_mtime_ns, library_layout)
     if isinstance(found, Unsupported):
         raise found
     return found

@@ -98,5 +98,5 @@ def write_cuda_program(program: Program, schedule: Schedule, ops: str) -> str:
 
 def write_cuda_compiled(graph: SiteGraph, schedule: Schedule) -> str:
     """The rules' CUDA writer for any pointwise or reduction site the compiler plans."""
-    return write_cuda_program(program_of(graph), schedule,
+    return write_cuda_program(program_of(graph, schedule.library_layout), schedule,
                               " → ".join(op.name for op in graph.ops))

@@ -3,6 +3,9 @@ the forward every backend shares (`generators.compiler.launches`)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from itertools import zip_longest
+
 from generators.compiler.launches import frame, kernel_parameters, schedule_drafts
 from generators.compiler.program import Program
 from generators.compiler.schedule import Schedule
@@ -71,13 +74,25 @@ def write_program(program: Program, schedule: Schedule, ops: str) -> str:
 
 def write_compiled(graph: SiteGraph, schedule: Schedule) -> str:
     """The rules' writer for any pointwise or reduction site the compiler plans."""
-    return write_program(program_of(graph), schedule, " → ".join(op.name for op in graph.ops))
+    return write_program(program_of(graph, schedule.library_layout), schedule,
+                         " → ".join(op.name for op in graph.ops))
 
 
 def compiled_drafts(graph: SiteGraph) -> list[tuple[Schedule, str]]:
     """The schedules to try first (for the site's largest kernel); where the compiler cannot
-    plan the site, one default whose writing says why."""
+    plan the site, one default whose writing says why. A site calling the vendor library
+    (a convolution) has each draft followed by its twin with the library's input
+    channels-last, which cuDNN convolved faster in each conv of the development set
+    (`generators.compiler.library`); the kernels after it ranked no better so far, on the
+    three sites timed (bench/NOTES.md, 2026-12-07, 12:47-)."""
     try:
-        return schedule_drafts(program_of(graph))
+        given = schedule_drafts(program_of(graph))
     except Unsupported:
         return [(Schedule(), "the compiler's default schedule")]
+    try:
+        laid = schedule_drafts(program_of(graph, "channels_last"))
+    except Unsupported:
+        return given
+    twins = [(replace(schedule, library_layout="channels_last"),
+              f"{why}; the convolution on channels-last input") for schedule, why in laid]
+    return [draft for pair in zip_longest(given, twins) for draft in pair if draft is not None]
