@@ -69,7 +69,7 @@ SUITE: list[SuiteEntry] = [
     _problem("bmm_softcap", "bf16", "matmul"),
     _problem("gated_mlp", "bf16", "matmul"),
     _problem("conv_bias_relu_scale", "bf16", "conv"),
-    _problem("conv_groupnorm_silu", "bf16", "conv", "reduction"),
+    _problem("conv_groupnorm_silu", "bf16", "conv"),
     _problem("depthwise_conv_block", "bf16", "conv"),
     _problem("layer_norm", "fp32", "reduction"),
     _problem("rms_norm", "fp32", "reduction"),

@@ -10,12 +10,10 @@ replaced by a single call. Regions are grown greedily in graph order:
   rows (sum, mean, max, min or logsumexp along the last dimension: each tile reduces its
   columns, a second pass combines the tiles) and the elementwise ops on the reduced values,
   and the norms and softmaxes its tiles can finish alone (`tile_norms`);
-- a conv takes a reduction of its values too (a norm, a softmax, a sum: the vendor
-  convolution, then one pass over its output) and what follows it;
+- a conv takes one reduction of its values too (a norm, softmax or sum) and what follows it;
 - a reduction or norm anchors a region, swallows the pointwise chain of its input's shape that
-  feeds it (the prologue; a value others read too becomes a second output; a conv's epilogue
-  that only feeds it moves in too, where the reduction cannot join the conv) and takes its
-  epilogue;
+  feeds it (the prologue; a value others read too becomes a second output; an epilogue of a
+  conv it cannot join moves in too) and takes its epilogue;
 - remaining elementwise ops (inference-mode batch norm among them: a per-channel affine map)
   form maximal pointwise chains, across any broadcast;
 - every other op with tensor inputs is a one-node `other` region, kept with PyTorch;
@@ -246,20 +244,16 @@ class _Grower:
         return region if same_tile else None
 
     def _joins_conv(self, node: fx.Node) -> Region | None:
-        """The open conv region whose values the reduction `node` reads: it joins the region,
-        so that the kernels after the vendor convolution read its output once (the bias, the
-        epilogue, the norm or softmax and what follows in one pass where the compiler plans
-        one kernel; `generators.compiler.library`)."""
+        """The open conv region whose values the reduction `node` reads: it joins it, so that
+        the kernels after the vendor convolution read its output once (`generators.compiler.
+        library`). One reduction a conv region: a second (a logsumexp over the channels of a
+        group norm's output) needs a kernel of its own, which the site after it gives."""
         regions = {self._open(self.region_of.get(p)) for p in node.all_input_nodes}
         convs = [r for r in regions if r is not None and r.family == "conv"]
         if len(convs) != 1 or not self._convex_with(node, convs[0]):
             return None
-        # One reduction a conv region: a second one over other dimensions (a logsumexp over
-        # the channels of a group norm's output) needs a kernel of its own, which the site
-        # after it gives as well.
-        if any(op_info(m).kind is OpKind.REDUCTION for m in convs[0].nodes):
-            return None
-        return convs[0]
+        reduced = any(op_info(m).kind is OpKind.REDUCTION for m in convs[0].nodes)
+        return None if reduced else convs[0]
 
     def add_reduction(self, node: fx.Node) -> None:
         fused = self._joins_matmul(node) or self._joins_conv(node)
