@@ -85,13 +85,19 @@ def screen(problem_path: str | Path, source: str, config: EvalConfig) -> Verdict
                    sorted(problem_anchors(problem_source)))
 
 
-def item_configs(config: EvalConfig, count: int, counters: bool | Sequence[bool]
-                 ) -> list[EvalConfig]:
-    """The config of each of `count` items: with hardware counters for all (`counters` True),
-    for none, or for those whose flag in `counters` is set."""
+def counter_flags(count: int, counters: bool | Sequence[bool]) -> list[bool]:
+    """Whether each of `count` items is judged with hardware counters: all (`counters` True),
+    none, or those whose flag in `counters` is set."""
     flags = [counters] * count if isinstance(counters, bool) else list(counters)
     if len(flags) != count:
         raise ValueError(f"{len(flags)} counters flags for {count} items")
+    return flags
+
+
+def item_configs(config: EvalConfig, count: int, counters: bool | Sequence[bool]
+                 ) -> list[EvalConfig]:
+    """The config of each of `count` items, with hardware counters as `counter_flags` says."""
+    flags = counter_flags(count, counters)
     profiled = config.with_counters() if any(flags) else config
     return [profiled if flag else config for flag in flags]
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import core
 from core.evaluate.config import EvalConfig
-from core.evaluate.evaluator import item_configs, screen
+from core.evaluate.evaluator import counter_flags, item_configs, screen
 from core.evaluate.verdict import Reason, Verdict
 from core.evaluate.worker import Request, Worker
 from core.runtime.errors import KilnInputError
@@ -189,10 +189,9 @@ class RayEvaluator:
                counters: bool | Sequence[bool] = False) -> list[Future[Verdict]]:
         """`evaluate_many` without waiting: a future a verdict, each item a task of its own,
         at most one a GPU of the cluster at once."""
-        flags = [counters] * len(items) if isinstance(counters, bool) else list(counters)
         return [self.waiting.submit(lambda item=item, flag=flag:
                                     self.evaluate_many([item], [flag])[0])
-                for item, flag in zip(items, flags, strict=True)]
+                for item, flag in zip(items, counter_flags(len(items), counters), strict=True)]
 
     def stop_now(self, futures: Sequence[Future[Verdict]]) -> None:
         """Ctrl-C while `futures` are pending: none still queued starts (the tasks in flight

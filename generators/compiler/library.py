@@ -33,16 +33,17 @@ def is_depthwise(source: Value, weight: Value, transposed: bool, groups: int) ->
     return not transposed and groups == channels and tuple(weight.shape[:2]) == (channels, 1)
 
 
-def output_stride(shape: tuple[int, ...], operands: list[Input]) -> tuple[int, ...]:
-    """The layout torch gives a convolution's output: channels-last where its input or weight is
-    (as cuDNN's suggested memory format has it; tracing on meta tensors says contiguous), else
-    contiguous."""
-    layout = _CHANNELS_LAST.get(len(shape))
-    for operand in operands[:2]:
-        laid = torch.empty_strided(operand.shape, operand.stride, device="meta")
-        if layout is not None and laid.is_contiguous(memory_format=layout) and not \
-                laid.is_contiguous():
-            return tuple(torch.empty(shape, device="meta", memory_format=layout).stride())
+def output_stride(shape: tuple[int, ...], operands: list[Input], layout: str = ""
+                  ) -> tuple[int, ...]:
+    """The layout torch gives a convolution's output: channels-last where the call converts its
+    input to it (`layout`) or where its input or weight is (as cuDNN's suggested memory format
+    has it; tracing on meta tensors says contiguous), else contiguous."""
+    memory_format = channels_last(len(shape)) if layout else _CHANNELS_LAST.get(len(shape))
+    laid = [torch.empty_strided(o.shape, o.stride, device="meta") for o in operands[:2]]
+    if memory_format is not None and (layout or any(
+            t.is_contiguous(memory_format=memory_format) and not t.is_contiguous()
+            for t in laid)):
+        return tuple(torch.empty(shape, device="meta", memory_format=memory_format).stride())
     return tuple(torch.empty(shape, device="meta").stride())
 
 
@@ -91,13 +92,8 @@ class LibraryLowering:
             raise Unsupported("a convolution of values the site computes itself (cuDNN takes "
                               "the site's own inputs)")
         layout = self.library_layout
-        if layout:
-            # cuDNN lays the output out as the input it convolves (its suggested format).
-            stride = tuple(torch.empty(shape, device="meta",
-                                       memory_format=channels_last(len(shape))).stride())
-        else:
-            stride = output_stride(shape, operands)
-        out = Input(shape, dtype, index=len(self.inputs), stride=stride,
+        out = Input(shape, dtype, index=len(self.inputs),
+                    stride=output_stride(shape, operands, layout),
                     call=convolution_call(source, weight, tuple(node.args[3:9]), layout))
         self.inputs.append(out)
         if bias is None:

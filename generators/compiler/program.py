@@ -33,6 +33,11 @@ class Program:
     steps: list[Step]
     buffers: dict[str, Value]  # each temporary buffer, by name: its shape and dtype
 
+    @property
+    def calls_library(self) -> bool:
+        """Whether the forward calls the vendor library before the kernels (a convolution)."""
+        return any(value.call for value in self.steps[0].kernel.graph.inputs)
+
 
 def _contains_reduction(value: Value, seen: set[int]) -> bool:
     if id(value) in seen:

@@ -86,9 +86,12 @@ def compiled_drafts(graph: SiteGraph) -> list[tuple[Schedule, str]]:
     (`generators.compiler.library`); the kernels after it ranked no better so far, on the
     three sites timed (bench/NOTES.md, 2026-12-07, 12:47-)."""
     try:
-        given = schedule_drafts(program_of(graph))
+        program = program_of(graph)
     except Unsupported:
         return [(Schedule(), "the compiler's default schedule")]
+    given = schedule_drafts(program)
+    if not program.calls_library:
+        return given
     try:
         laid = schedule_drafts(program_of(graph, "channels_last"))
     except Unsupported:
