@@ -57,8 +57,9 @@ class SuiteEntry:
         return None if self.is_builtin else Path(self.model)
 
 
-def _problem(name: str, dtype: str, *expects: str) -> SuiteEntry:
-    return SuiteEntry(name, str(PROBLEMS / f"{name}.py"), dtype, expects)
+def _problem(name: str, dtype: str, *expects: str, file: str = "") -> SuiteEntry:
+    """The problem file `file` (default: `name`) in `dtype`: one file may run in two dtypes."""
+    return SuiteEntry(name, str(PROBLEMS / f"{file or name}.py"), dtype, expects)
 
 
 # bf16 where tensor cores do the work (matmul, conv, attention), fp32 for memory-bound
@@ -83,6 +84,9 @@ SUITE: list[SuiteEntry] = [
     _problem("amax_dim0", "fp32", "reduction"),
     _problem("sdpa_causal", "bf16", "attention"),
     _problem("manual_attention", "bf16", "attention"),
+    # Attention as GPT-2 small writes it out (matmuls and masked_fill), in both dtypes.
+    _problem("causal_attention", "bf16", "attention"),
+    _problem("causal_attention_fp32", "fp32", "attention", file="causal_attention"),
     _problem("swish_bias", "fp32", "pointwise"),
     _problem("gelu_tanh", "fp32", "pointwise"),
     # Both norms feed only a projection: each is that matmul site's prologue.

@@ -50,6 +50,7 @@ SMALL_SIZES: dict[str, dict[str, int]] = {
     "amax_dim0": {"TOKENS": 16, "CHANNELS": 8},
     "sdpa_causal": {"BATCH": 2, "HEADS": 2, "SEQ": 16, "HEAD_DIM": 8},
     "manual_attention": {"BATCH": 2, "HEADS": 2, "SEQ": 16, "HEAD_DIM": 8},
+    "causal_attention": {"BATCH": 2, "HEADS": 2, "SEQ": 16, "HEAD_DIM": 8},
     "swish_bias": {"ROWS": 16, "COLUMNS": 32},
     "gelu_tanh": {"ROWS": 16, "COLUMNS": 32},
     "transformer_block": {"BATCH": 2, "SEQ": 16, "HIDDEN": 32, "HEADS": 4},
@@ -57,7 +58,7 @@ SMALL_SIZES: dict[str, dict[str, int]] = {
 def shrunk_copy(item: SuiteEntry, folder: Path) -> Path:
     """A copy of the entry's problem file with its size constants set to SMALL_SIZES."""
     source = item.problem_file.read_text()
-    for name, value in SMALL_SIZES[item.name].items():
+    for name, value in SMALL_SIZES[item.problem_file.stem].items():
         source, count = re.subn(rf"^{name} = .+$", f"{name} = {value!r}", source, flags=re.M)
         assert count == 1, f"{item.problem_file.name}: expected one line `{name} = ...`"
     path = folder / item.problem_file.name
@@ -81,9 +82,9 @@ def assert_families(item: SuiteEntry, signatures: list[str]) -> None:
 
 def test_every_problem_file_has_one_entry_and_small_sizes():
     files = sorted(path.name for path in PROBLEMS.glob("*.py"))
-    entries = sorted(item.problem_file.name for item in FILE_ENTRIES)
+    entries = sorted({item.problem_file.name for item in FILE_ENTRIES})
     assert files == entries
-    assert set(SMALL_SIZES) == {item.name for item in FILE_ENTRIES}
+    assert set(SMALL_SIZES) == {item.problem_file.stem for item in FILE_ENTRIES}
     assert len({item.name for item in SUITE}) == len(SUITE), "entry names repeat"
 
 
