@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from core.profile.gpu_peaks import device_peaks
 from core.profile.roofline import GpuPeaks
 
 # Per-device defaults. On CUDA 100 trials after 10 warm-ups keep the median of a 30 µs kernel
@@ -81,9 +82,9 @@ class EvalConfig:
     # None: what the GPU has free when the first candidate is judged.
     memory_bytes: int | None = None
     # The bandwidth (TB/s) of the byte floor no timing may beat: a kernel timed under it is
-    # impossible, so rejected. None: an H200's on CUDA (`GpuPeaks.impossible_seconds`), and no
-    # floor on the CPU, whose timings say nothing of a GPU's (tests set a slow one to exercise
-    # the rule there).
+    # impossible, so rejected. None: the GPU's own on CUDA (`core.profile.gpu_peaks`,
+    # `GpuPeaks.impossible_seconds`), and no floor on the CPU, whose timings say nothing of a
+    # GPU's (tests set a slow one to exercise the rule there).
     bandwidth_tbps: float | None = None
     # Whether fp32 matmuls may run on TF32 tensor cores, the baselines' as the candidates':
     # off, fp32 matmuls stay fp32 as PyTorch runs them by default (`tf32_for`).
@@ -119,7 +120,7 @@ class EvalConfig:
         if self.bandwidth_tbps is not None:
             bandwidth = self.bandwidth_tbps * 1e12
             return GpuPeaks("custom GPU", bandwidth=bandwidth, read_bandwidth=bandwidth)
-        return GpuPeaks()
+        return device_peaks(self.device)
 
     def tf32_for(self, anchors: set[str]) -> bool:
         """Whether a site's fp32 products may be TF32: its baseline's are. cuDNN's convolutions

@@ -57,10 +57,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--trials", type=int, default=20, help="timed forwards (median)")
     parser.add_argument("--max-input-mb", type=float, default=256,
                         help="save a site's captured inputs up to this size")
-    parser.add_argument("--bandwidth", type=float, default=4.3,
-                        help="GPU memory bandwidth for floors, TB/s (default: H200)")
+    parser.add_argument("--bandwidth", type=float,
+                        help="GPU memory bandwidth for floors, TB/s (default: the GPU's, read "
+                        "from its memory clock and bus width; an H200's measured figures on an "
+                        "H200 and on the CPU)")
     parser.add_argument("--matrix-tflops", type=float,
-                        help="matrix peak for the model's dtype, TFLOP/s (default: H200)")
+                        help="matrix peak for the model's dtype, TFLOP/s (default: an H200's, "
+                        "which the H100 shares)")
     parser.add_argument("--allow-tf32", action="store_true",
                         help="let fp32 matmuls run on TF32 tensor cores, in the baselines as in "
                              "the kernels (default: fp32 stays fp32, as in PyTorch)")
@@ -163,6 +166,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     if args.counters < 0:
         raise KilnInputError(f"--counters {args.counters} is negative",
                              "pass how many of each site's best kernels to profile, e.g. 3")
+    for flag, value in (("--bandwidth", args.bandwidth), ("--matrix-tflops", args.matrix_tflops)):
+        if value is not None and value <= 0:
+            raise KilnInputError(f"{flag} {value} is not positive",
+                                 f"pass the GPU's figure, e.g. {flag} 3.35, or leave it out "
+                                 "to read the GPU's own")
     if args.memory_gb is not None and args.memory_gb <= 0:
         raise KilnInputError(f"--memory-gb {args.memory_gb} is not positive",
                              "pass the GiB of device memory judging may hold, e.g. 40")

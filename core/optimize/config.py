@@ -15,6 +15,7 @@ from datetime import datetime
 from pathlib import Path
 
 from core.evaluate import EvalConfig
+from core.profile.gpu_peaks import device_peaks
 from core.profile.in_situ import ProfileConfig
 from core.profile.load import BuiltinShape
 from core.profile.pipeline import ListSitesConfig
@@ -65,18 +66,19 @@ class OptimizeConfig:
                           allow_tf32=self.profile.allow_tf32)
 
 
-def gpu_peaks(bandwidth_tbs: float, matrix_tflops: float | None, dtype: str | None
-              ) -> GpuPeaks:
-    """The H200's ceilings, or another GPU's bandwidth and matrix peak for the run's dtype."""
-    peaks = GpuPeaks()
-    if bandwidth_tbs * 1e12 == peaks.bandwidth and not matrix_tflops:
+def gpu_peaks(bandwidth_tbs: float | None, matrix_tflops: float | None, dtype: str | None,
+              device: str) -> GpuPeaks:
+    """The ceilings of the GPU `device` names (`core.profile.gpu_peaks`), or the bandwidth and
+    matrix peak for the run's dtype given in their place."""
+    peaks = device_peaks(device) if bandwidth_tbs is None else GpuPeaks()
+    if bandwidth_tbs is not None and bandwidth_tbs * 1e12 != peaks.bandwidth:
+        # A GPU given by its bandwidth alone: reads are bounded by that figure too.
+        peaks = replace(peaks, name="custom GPU", bandwidth=bandwidth_tbs * 1e12,
+                        read_bandwidth=bandwidth_tbs * 1e12)
+    if not matrix_tflops:
         return peaks
-    matrix = dict(peaks.matrix_flops)
-    if matrix_tflops:
-        matrix[dtype or "fp32"] = matrix_tflops * 1e12
-    # A GPU given by its bandwidth alone: reads are bounded by that figure too.
-    return GpuPeaks("custom GPU", bandwidth_tbs * 1e12, matrix, peaks.vector_flops,
-                    read_bandwidth=bandwidth_tbs * 1e12)
+    return replace(peaks, name="custom GPU",
+                   matrix_flops={**peaks.matrix_flops, dtype or "fp32": matrix_tflops * 1e12})
 
 
 def run_settings(config: OptimizeConfig) -> dict[str, object]:
@@ -90,7 +92,8 @@ def run_settings(config: OptimizeConfig) -> dict[str, object]:
             "image_size": profile.shape.image_size, "out": str(profile.out),
             "warmup": profile.profile.warmup, "trials": profile.profile.trials,
             "max_input_mb": profile.max_input_bytes / 2**20,
-            "bandwidth": peaks.bandwidth / 1e12, "matrix_tflops": matrix,
+            "bandwidth": None if peaks.detected else peaks.bandwidth / 1e12,
+            "matrix_tflops": matrix,
             "allow_tf32": profile.allow_tf32,
             "budget": config.budget_minutes, "max_candidates": config.max_candidates,
             "sites": config.sites, "tiers": list(config.tiers), "cuda_share": config.cuda_share,
@@ -108,7 +111,7 @@ def config_of_settings(settings: Mapping[str, object], base: OptimizeConfig) -> 
         base.profile, device=s["device"], dtype=s["dtype"], seed=s["seed"], out=Path(s["out"]),
         shape=BuiltinShape(s["batch"], s["seq_len"], s["image_size"]),
         profile=ProfileConfig(s["warmup"], s["trials"]),
-        peaks=gpu_peaks(s["bandwidth"], s["matrix_tflops"], s["dtype"]),
+        peaks=gpu_peaks(s["bandwidth"], s["matrix_tflops"], s["dtype"], s["device"]),
         max_input_bytes=int(s["max_input_mb"] * 2**20), allow_tf32=bool(s["allow_tf32"]))
     return replace(
         base, profile=profile, budget_minutes=s["budget"], max_candidates=s["max_candidates"],

@@ -42,6 +42,9 @@ class GpuPeaks:
     # the copy figure, bench/NOTES.md, the roofline): they are bounded by the datasheet's
     # HBM3e bandwidth, which nothing exceeds.
     read_bandwidth: float = 4.8e12
+    # Read from the GPU the run is on (`core.profile.gpu_peaks`), not given: a resumed run reads
+    # them again from the GPU it resumes on.
+    detected: bool = False
 
     def matrix_peak(self, dtype: torch.dtype, tf32: bool = False) -> float:
         """Matrix FLOP/s for `dtype`; fp32 at TF32's rate when its products may be TF32."""
