@@ -53,3 +53,22 @@ def test_the_sites_own_timing_outvotes_a_slow_verdict(site):
     assert run.eager_ms == SITE_MS and run.search.baseline_ms == SITE_MS
     run.note_baseline(None, compile_ms=0.06)
     assert run.search.baseline_ms == 0.06
+
+
+def test_a_site_pytorch_already_runs_at_its_floor_says_so_and_is_not_searched(site):
+    run = site_run(site)
+    floor = site.cost.floor_ms
+    run.note_baseline(floor * 3, compile_ms=floor * 1.05)  # compile at 95 % of the floor
+    assert run.search.done
+    assert run.at_floor_note() == (
+        f"{site.key}: PyTorch already runs at 95% of the GPU's byte floor "
+        f"({floor * 1.05:.4f} ms against {floor:.4f}): left to PyTorch, no kernel could gain "
+        "much")
+
+
+def test_a_site_above_its_floor_has_no_such_note(site):
+    run = site_run(site)
+    run.note_baseline(site.cost.floor_ms * 1.5)
+    assert not run.search.done and run.at_floor_note() is None
+    kernel(run, site.cost.floor_ms * 1.01)  # a kernel at the floor: searched, not skipped
+    assert run.search.done and run.at_floor_note() is None

@@ -291,6 +291,8 @@ class OptimizeRun:
             self.store.set_site_baselines(run.site_id, eager_ms=baseline.eager_ms,
                                           compile_ms=baseline.compile_ms)
             run.note_baseline(baseline.eager_ms, baseline.compile_ms)
+        for note in filter(None, (run.at_floor_note() for run in runs)):
+            self.progress.step(note)
 
     def _end_to_end(self, profiled: ProfiledModel, runs: list[SiteRun],
                     total_ms: float) -> EndToEnd:

@@ -65,6 +65,17 @@ class SiteRun:
         kernel = SiteKernel(self.site.key, best.proposal.source, self.site.problem.source)
         return SiteGain(kernel, self.site.time_ms, self.eager_ms / best.latency_ms)
 
+    def at_floor_note(self) -> str | None:
+        """Why the site is not searched when PyTorch already runs it near the GPU's byte floor
+        (`SiteSearch.at_floor`); None otherwise."""
+        search = self.search
+        if not search.at_floor or search.evaluations or search.best is not None:
+            return None
+        share = search.floor_ms / search.baseline_ms
+        return (f"{self.site.key}: PyTorch already runs at {share:.0%} of the GPU's byte floor "
+                f"({search.baseline_ms:.4f} ms against {search.floor_ms:.4f}): left to PyTorch, "
+                "no kernel could gain much")
+
     @property
     def headroom(self) -> float:
         """How far above its floor the site's best is, in (0, 1]."""
