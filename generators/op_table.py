@@ -196,8 +196,14 @@ def formula(op: Op, value: dict[Ref, str], emit: Emitter) -> str:
         slope = constant(kw("negative_slope", 1, 0.01), emit)
         return emit.select(f"{x} >= {emit.const(0.0)}", x, f"{x} * {slope}")
     if name == "elu":
-        alpha = constant(kw("alpha", 1, 1.0), emit)
-        return emit.select(f"{x} > {emit.const(0.0)}", x, f"{alpha} * {emit.call('expm1', x)}")
+        # aten.elu(x, alpha, scale, input_scale): SELU is ELU with a scale (and CELU with an
+        # input scale); the negative side is scale * alpha * expm1(x * input_scale).
+        alpha, scale, input_scale = (kw(key, position, 1.0) for key, position
+                                     in (("alpha", 1), ("scale", 2), ("input_scale", 3)))
+        inner = x if input_scale == 1 else f"{x} * {constant(input_scale, emit)}"
+        negative = f"{constant(alpha, emit)} * {emit.call('expm1', inner)}"
+        result = emit.select(f"{x} > {emit.const(0.0)}", x, negative)
+        return result if scale == 1 else f"({constant(scale, emit)} * {result})"
     if name == "softplus":
         beta, threshold = constant(kw("beta", 1, 1.0), emit), constant(kw("threshold", 2, 20.0),
                                                                         emit)

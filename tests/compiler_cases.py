@@ -108,7 +108,12 @@ SCAN_CASES = [
     Case("x", "torch.cumsum(x, dim=0)", "torch.randn(29, 3)"),
     Case("x, m", "torch.cumsum(x * m, dim=1)", "torch.randn(4, 21), torch.rand(4, 21) > 0.5"),
     Case("x", "torch.cumprod(x, dim=-1)", "0.9 + 0.2 * torch.rand(3, 17)"),
+    Case("x", "torch.cummax(x, dim=1)[0]", "torch.randn(5, 37)"),
+    Case("x", "torch.cummin(x, dim=0).values", "torch.randn(29, 3)"),
+    Case("x", "torch.logcumsumexp(x, dim=1)", "torch.randn(4, 21) * 4"),
 ]
+# Running values the CUDA tier does not scan (its scans are sums).
+TRITON_ONLY_SCANS = ("cumprod", "cummax", "cummin", "logcumsumexp")
 NORM_CASES = [
     Case("x, w, b", "F.layer_norm(x, (24,), w, b)",
          "torch.randn(9, 24), torch.randn(24), torch.randn(24)"),
@@ -144,6 +149,11 @@ LOSS_CASES = [
     Case("x, t", "F.cross_entropy(x, t)", "torch.randn(23, 10), torch.randint(0, 10, (23,))"),
     Case("x, t", "F.nll_loss(torch.log_softmax(x, 1), t, ignore_index=2)",
          "torch.randn(19, 7), torch.randint(0, 7, (19,))"),
+    # Distances of rows, then their mean.
+    Case("a, p, n", "F.triplet_margin_loss(a, p, n, margin=0.5)",
+         "torch.randn(11, 19), torch.randn(11, 19), torch.randn(11, 19)"),
+    Case("x, y, s", "F.margin_ranking_loss(x, y, s, margin=0.1)",
+         "torch.randn(29), torch.randn(29), torch.randint(0, 2, (29,)).float() * 2 - 1"),
 ]
 ELEMENTWISE_CASES = [
     Case("x", "F.gelu(x) * 2 - 1", "torch.randn(33, 45)"),

@@ -25,6 +25,7 @@ from tests.compiler_cases import (
     CLUSTERED,
     GRIDDED,
     KEPT,
+    TRITON_ONLY_SCANS,
     VECTOR_CASES,
     VECTORED,
     Case,
@@ -35,8 +36,9 @@ from tests.compiler_cases import (
 )
 from tests.cuda_on_cpu import kernels_on_cpu
 
-# Scans in the CUDA tier are sums; a running product stays with the Triton tier.
-CUDA_CASES = [case for case in ALL_CASES if "cumprod" not in case.body] + VECTOR_CASES
+# Scans in the CUDA tier are sums; running products, extremes and log-sums stay with Triton.
+CUDA_CASES = [case for case in ALL_CASES
+              if not any(kind in case.body for kind in TRITON_ONLY_SCANS)] + VECTOR_CASES
 # The CUDA tier's own schedules beside each case's drafts.
 CUDA_SCHEDULES = KEPT + VECTORED
 
@@ -76,10 +78,11 @@ def test_every_case_compiles_for_hopper(tmp_path):
                     + "\n".join(found or [log[-3000:]]))
 
 
-def test_a_running_product_is_declined_with_the_reason(tmp_path):
-    case = next(c for c in ALL_CASES if "cumprod" in c.body)
+@pytest.mark.parametrize("kind", TRITON_ONLY_SCANS)
+def test_a_running_value_other_than_a_sum_is_declined_with_the_reason(tmp_path, kind):
+    case = next(c for c in ALL_CASES if kind in c.body)
     _, program = write_problem(tmp_path, case)
-    with pytest.raises(Unsupported, match="cumprod in the CUDA tier"):
+    with pytest.raises(Unsupported, match=f"{kind} in the CUDA tier"):
         write_cuda_program(program, Schedule(), case.body)
 
 

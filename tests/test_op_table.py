@@ -112,6 +112,10 @@ CASES = [
     Case("minimum", (X, Y), lambda x, y, z: torch.minimum(x, y)),
     Case("leaky_relu", (X, 0.2), lambda x, y, z: F.leaky_relu(x, 0.2)),
     Case("elu", (X,), lambda x, y, z: F.elu(x), atol=1e-5),
+    # SELU and CELU are aten.elu with a scale and an input scale.
+    Case("elu", (X, 1.6732632423543772, 1.0507009873554805), lambda x, y, z: F.selu(x),
+         atol=1e-5),
+    Case("elu", (X, 0.5, 1.0, 2.0), lambda x, y, z: F.celu(x, 0.5), atol=1e-5),
     Case("softplus", (X,), lambda x, y, z: F.softplus(x), atol=1e-5),
     Case("softplus", (X, 2.0, 5.0), lambda x, y, z: F.softplus(x, 2.0, 5.0), atol=1e-5),
     Case("where", (Z, X, Y), lambda x, y, z: torch.where(z != 0, x, y), domain="mask"),

@@ -45,10 +45,13 @@ REDUCTION_NAMES = frozenset(
     nll_loss binary_cross_entropy binary_cross_entropy_with_logits hinge_embedding_loss
     soft_margin_loss cosine_similarity avg_pool1d avg_pool2d avg_pool3d max_pool1d max_pool2d
     max_pool3d adaptive_avg_pool1d adaptive_avg_pool2d adaptive_avg_pool3d adaptive_max_pool1d
-    adaptive_max_pool2d adaptive_max_pool3d""".split()
+    adaptive_max_pool2d adaptive_max_pool3d triplet_margin_loss margin_ranking_loss
+    cosine_embedding_loss pairwise_distance poisson_nll_loss gaussian_nll_loss
+    multilabel_soft_margin_loss nansum nanmean count_nonzero dist aminmax logcumsumexp cummax
+    cummin""".split()
 )
 # Reductions that return a tuple of tensors (`max(x, dim)` gives values and indices).
-TUPLE_REDUCTIONS = frozenset("max min var_mean std_mean aminmax".split())
+TUPLE_REDUCTIONS = frozenset("max min var_mean std_mean aminmax cummax cummin".split())
 MATMUL_NAMES = frozenset("linear matmul mm bmm addmm baddbmm addmv".split())
 CONV_NAMES = frozenset(
     "conv1d conv2d conv3d conv_transpose1d conv_transpose2d conv_transpose3d".split()

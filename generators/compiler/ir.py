@@ -18,7 +18,7 @@ from generators.compiler.index import Expr, Ranges, mod, reshape
 
 # Reductions, and the value each starts from.
 REDUCTIONS = ("sum", "prod", "amax", "amin", "mean", "var", "argmax", "argmin")
-SCANS = ("cumsum", "cumprod")
+SCANS = ("cumsum", "cumprod", "cummax", "cummin", "logcumsumexp")
 
 
 @dataclass(eq=False)

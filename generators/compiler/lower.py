@@ -25,6 +25,7 @@ from generators.compiler.ir import (
     Gather,
     Graph,
     Input,
+    Missing,
     Reduce,
     Scan,
     Value,
@@ -315,6 +316,21 @@ class _Lowering(LibraryLowering, WindowLowering):
 
     def lower_cumprod(self, node, shape, dtype) -> Value:
         return self.scan(node, shape, dtype, "cumprod")
+
+    def lower_logcumsumexp(self, node, shape, dtype) -> Value:
+        return self.scan(node, shape, dtype, "logcumsumexp")
+
+    def running_extreme(self, node, kind: str) -> tuple[Value, Missing]:
+        """cummax/cummin: the running values; their indices are not computed."""
+        meta = node.meta["val"]
+        values = self.scan(node, tuple(meta[0].shape), meta[0].dtype, kind)
+        return values, Missing(values.shape, torch.int64, why=f"the indices of {kind}")
+
+    def lower_cummax(self, node, shape, dtype) -> tuple[Value, Missing]:
+        return self.running_extreme(node, "cummax")
+
+    def lower_cummin(self, node, shape, dtype) -> tuple[Value, Missing]:
+        return self.running_extreme(node, "cummin")
 
     def lower_gather(self, node, shape, dtype) -> Value:
         source, dim, index = (self.value(a) for a in node.args[:3])

@@ -13,7 +13,7 @@ from generators.compiler.site import program_of
 from generators.site_graph import SiteGraph, Unsupported
 from generators.triton.compiled import KernelWriter
 from generators.triton.expressions import with_jit_helpers
-from generators.triton.values import PROD_HELPER
+from generators.triton.values import helpers_for
 
 _SOURCE = '''"""Kiln rules kernel (triton, compiled): {ops}. {schedule}."""
 
@@ -66,7 +66,7 @@ def write_program(program: Program, schedule: Schedule, ops: str) -> str:
     source = source.removeprefix("import triton.language as tl\n")
     return _SOURCE.format(
         ops=ops, schedule=forward.schedule.describe(),
-        helpers=PROD_HELPER if "_times" in source else "",
+        helpers=helpers_for(source),
         kernels=source, params=", ".join(forward.params),
         statements="\n".join(" " * 8 + s for s in forward.checks + forward.allocations),
         launches="\n".join(launches), returns=", ".join(forward.returns))
