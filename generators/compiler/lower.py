@@ -41,7 +41,7 @@ aten = torch.ops.aten
 _COMPOSITES = ("_softmax", "_log_softmax", "native_group_norm", "native_layer_norm",
                "native_batch_norm", "_native_batch_norm_legit",
                "_native_batch_norm_legit_functional", "_native_batch_norm_legit_no_training",
-               "linalg_vector_norm", "std.correction", "logsumexp")
+               "linalg_vector_norm", "std.correction", "logsumexp", "dist")
 _IDENTITIES = ("clone", "alias", "detach", "lift_fresh_copy", "contiguous")
 _VIEWS = ("view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "flatten")
 
