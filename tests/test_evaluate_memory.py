@@ -12,10 +12,14 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from bench.processes import descendants, process_table
 from core.evaluate import EvalConfig, Evaluator
+from core.evaluate.candidate import CallResult
+from core.evaluate.exchange import SharedInput
 from core.evaluate.memory import JUDGE_FACTOR, DeviceLedger, MemoryBudget, problem_bytes
+from core.evaluate.trial import Models, run_trial
 
 MIB = 1 << 20
 # Beyond the judge's multiple of the problem's bytes: a comparison's pieces, a fingerprint's
@@ -350,3 +354,44 @@ def test_a_ledger_written_before_waiters_were_kept_still_reads(tmp_path):
             assert sorted(ledger.entries().values()) == [40, 50]
     finally:
         ledger.path.unlink(missing_ok=True)
+
+
+class _Side:
+    def __init__(self) -> None:
+        self.forgotten: list[int] = []
+
+    def forget(self, shared: SharedInput) -> None:
+        self.forgotten.append(shared.number)
+
+
+class _Candidate:
+    """The judge's view of a candidate's process, standing in for one: it sums its input."""
+
+    device = torch.device("cpu")
+
+    def __init__(self) -> None:
+        self.side, self.released = _Side(), 0
+
+    def call(self, copies: list[object], deadline: float) -> CallResult:
+        return CallResult(copies[0].tensor.sum(), 1.0, 1, [], [], [])
+
+    def release(self, deadline: float) -> None:
+        self.released += 1
+
+
+def test_a_trial_on_reused_copies_lets_go_of_them_before_its_reference_runs():
+    """The third trial refills the second's copies; they must be gone from the second trial's
+    list too by the time the reference's temporaries come on top of the inputs."""
+    reused = [SharedInput(7, torch.zeros(64), None)]
+    held_at_reference: list[int] = []
+
+    def reference(x: torch.Tensor) -> torch.Tensor:
+        held_at_reference.append(len(reused))
+        return x.sum()
+
+    models = Models(reference, _Candidate())
+    trial = run_trial(models, "reused", lambda: [torch.ones(64)], torch.device("cpu"), set(),
+                      EvalConfig(device="cpu"), deadline=float("inf"), reuse=reused)
+    assert trial.comparison.mismatch is None
+    assert held_at_reference == [0], "the reused copies were alive while the reference ran"
+    assert models.candidate.side.forgotten == [7] and models.candidate.released == 1

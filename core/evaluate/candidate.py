@@ -148,10 +148,11 @@ class CandidateProcess:
             close_unused(reply_fds, used)
 
     def release(self, deadline: float) -> None:
-        """Before the judge allocates new copies on the GPU: the process lets go of the copies
-        the judge has forgotten, and the judge frees them (until both sides have let go, CUDA
-        IPC keeps memory allocated, and a trial's copies would pile up on the last ones)."""
-        if self.device.type != "cuda" or not self.side.dropped:
+        """Before the judge allocates new copies or runs the reference: the process lets go of
+        the copies the judge has forgotten, and the judge frees them (until both sides have let
+        go, CUDA IPC keeps memory allocated, as shared memory on the CPU stays mapped, and a
+        trial's copies would pile up on the last ones)."""
+        if not self.side.dropped:
             return
         numbers = self.side.take_dropped()
         try:
@@ -162,7 +163,8 @@ class CandidateProcess:
         close_unused(fds, set())
         if reply.get("type") == "error":
             raise classify(reply.get("error", {}))
-        torch.cuda.ipc_collect()
+        if self.device.type == "cuda":
+            torch.cuda.ipc_collect()
 
     def let_go_of_everything(self, deadline: float) -> bool:
         """Before the process ends: it lets go of every buffer of the judge's it holds, and the

@@ -154,9 +154,10 @@ def run_trial(models: Models, label: str, draw: Callable[[], list[object]],
     digest = fingerprint(result.outputs)
     if not keep:
         # Done with: the copies are freed before the reference runs, whose temporaries come
-        # on top of its inputs (the judge lets go first, so that the release frees them).
+        # on top of its inputs (the judge lets go first, so that the release frees them). Reused
+        # copies are the earlier trial's list: emptied in place, so that it holds none either.
         forget_copies(models, copies)
-        copies = []
+        copies.clear()
         models.candidate.release(deadline)
     if reference_out is None:
         reference_out = models.reference(*pristine)
