@@ -153,6 +153,9 @@ LOSS_CASES = [
     Case("a, p, n", "F.triplet_margin_loss(a, p, n, margin=0.5)",
          "torch.randn(11, 19), torch.randn(11, 19), torch.randn(11, 19)"),
     Case("x, y", "torch.dist(x, y, 3)", "torch.randn(7, 13), torch.randn(7, 13)"),
+    # Its decomposition fills an empty tensor through copy_.
+    Case("x, y, s", "F.cosine_embedding_loss(x, y, s, margin=0.2)",
+         "torch.randn(9, 15), torch.randn(9, 15), torch.randint(0, 2, (9,)).float() * 2 - 1"),
     Case("x, y, s", "F.margin_ranking_loss(x, y, s, margin=0.1)",
          "torch.randn(29), torch.randn(29), torch.randint(0, 2, (29,)).float() * 2 - 1"),
 ]

@@ -72,3 +72,12 @@ def test_an_in_place_op_on_an_input_is_declined_by_name(tmp_path):
     with pytest.raises(Unsupported, match=r"add_ \(aten.add_\) overwrites a value the site "
                                           r"reads elsewhere"):
         lower_problem(problem)
+
+
+def test_a_copy_into_an_input_is_declined_by_name(tmp_path):
+    problem = tmp_path / "problem.py"
+    problem.write_text(MODEL.replace("return torch.atan(x).sum(-1), torch.softmax(y, dim=0)",
+                                     "return x.copy_(y[:8, :1]).sum(-1)"))
+    with pytest.raises(Unsupported, match=r"copy_ \(aten.copy_\) writes into a tensor the site "
+                                          r"did not make for it"):
+        lower_problem(problem)

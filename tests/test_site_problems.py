@@ -142,3 +142,38 @@ def test_a_profiled_model_lets_go_of_its_captured_values(tmp_path):
         for call_site in site.call_sites:
             graph = call_site.graph
             assert graph.first_inputs is None and graph.invocations > 1, graph.index
+
+
+class _ColumnLoss(torch.nn.Module):
+    """A site reading a column of its input: a view strided by the row's length."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cosine_embedding_loss(y, x, torch.sign(x[:, 0]))
+
+
+def test_saved_inputs_keep_the_layout_the_site_was_written_for(tmp_path):
+    x, y = torch.randn(16, 300), torch.randn(16, 300)
+    table = find_sites(capture(_ColumnLoss(), (x, y), CPU), GpuPeaks())
+    strided = [s for s in table.sites if any(not t.is_contiguous() for t in s.example_inputs)]
+    assert strided, "no site reads the column as a strided input"
+    for site in strided:
+        folder = write_site_folder(site, tmp_path, 2**30)
+        saved = torch.load(folder / "inputs.pt", weights_only=True)
+        problem = import_problem(folder / "problem.py")
+        for kept, real, drawn in zip(saved, site.example_inputs, problem.get_inputs(),
+                                     strict=True):
+            assert kept.stride() == real.stride() == drawn.stride()
+            assert torch.equal(kept, real)
+
+
+def test_a_column_of_a_large_matrix_is_not_saved_past_the_limit(tmp_path):
+    x, y = torch.randn(16, 300), torch.randn(16, 300)
+    table = find_sites(capture(_ColumnLoss(), (x, y), CPU), GpuPeaks())
+    site = next(s for s in table.sites if any(not t.is_contiguous() for t in s.example_inputs))
+    column = next(t for t in site.example_inputs if not t.is_contiguous())
+    # The column's 16 values reach 4501 of the matrix's storage: that is what a copy keeping
+    # its strides holds, and what the limit is held against.
+    reached = (1 + 15 * 300) * 4
+    others = sum(t.numel() * 4 for t in site.example_inputs if t is not column)
+    folder = write_site_folder(site, tmp_path, max_input_bytes=reached + others - 1)
+    assert not (folder / "inputs.pt").exists()

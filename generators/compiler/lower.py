@@ -42,8 +42,17 @@ _COMPOSITES = ("_softmax", "_log_softmax", "native_group_norm", "native_layer_no
                "native_batch_norm", "_native_batch_norm_legit",
                "_native_batch_norm_legit_functional", "_native_batch_norm_legit_no_training",
                "linalg_vector_norm", "std.correction", "logsumexp", "dist")
+# Factories of uninitialized tensors: a copy_ into one is its source, nothing overwritten,
+# where nothing else reads it but for its shape (`_SHAPED_LIKE`).
+_EMPTY = (aten.empty, aten.empty_like, aten.empty_permuted, aten.empty_strided, aten.new_empty,
+          aten.new_empty_strided)
+_SHAPED_LIKE = (aten.empty_like, aten.full_like, aten.zeros_like, aten.ones_like)
 _IDENTITIES = ("clone", "alias", "detach", "lift_fresh_copy", "contiguous")
 _VIEWS = ("view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "flatten")
+
+
+def _packet(node: fx.Node) -> object:
+    return getattr(node.target, "_overloadpacket", None)
 
 
 @functools.cache
@@ -192,6 +201,24 @@ class _Lowering(LibraryLowering, WindowLowering):
         return source if source.dtype == dtype else Cast(shape, dtype, source=source)
 
     lower_convert_element_type = lower__to_copy
+
+    def lower_copy_(self, node, shape, dtype) -> Value:
+        """copy_ into a tensor made empty for it (a decomposition filling one, as a cosine
+        embedding loss's does): its source, cast and broadcast to it. Into anything else (an
+        input, a value read elsewhere) it would be a write the IR does not make."""
+        target = node.args[0]
+        made = (isinstance(target, fx.Node) and target.op == "call_function"
+                and _packet(target) in _EMPTY
+                and all(user is node or _packet(user) in _SHAPED_LIKE for user in target.users))
+        if not made:
+            raise Unsupported("copy_ (aten.copy_) writes into a tensor the site did not make "
+                              "for it: the compiler lowers copies only into fresh tensors")
+        source = self.value(node.args[1])
+        if source.dtype != dtype:
+            source = Cast(source.shape, dtype, source=source)
+        if tuple(source.shape) == shape:
+            return source
+        return View(shape, dtype, source=source, kind="expand")
 
     def lower_scalar_tensor(self, node, shape, dtype) -> Value:
         return Constant(shape, dtype, value=node.args[0])
