@@ -65,19 +65,15 @@ def test_the_store_keeps_each_sites_decline(tmp_path):
     assert sites["softmax"].declined is None
 
 
-def test_an_in_place_op_on_an_input_is_declined_by_name(tmp_path):
+@pytest.mark.parametrize(("body", "why"), [
+    ("x.add_(y[:8, :1].sum()).sum(-1)",
+     r"add_ \(aten.add_\) overwrites a value the site reads elsewhere"),
+    ("x.copy_(y[:8, :1]).sum(-1)",
+     r"copy_ \(aten.copy_\) writes into a tensor the site did not make for it"),
+], ids=["an in-place op", "a copy"])
+def test_a_write_into_an_input_is_declined_by_name(tmp_path, body, why):
     problem = tmp_path / "problem.py"
     problem.write_text(MODEL.replace("return torch.atan(x).sum(-1), torch.softmax(y, dim=0)",
-                                     "return x.add_(y[:8, :1].sum()).sum(-1)"))
-    with pytest.raises(Unsupported, match=r"add_ \(aten.add_\) overwrites a value the site "
-                                          r"reads elsewhere"):
-        lower_problem(problem)
-
-
-def test_a_copy_into_an_input_is_declined_by_name(tmp_path):
-    problem = tmp_path / "problem.py"
-    problem.write_text(MODEL.replace("return torch.atan(x).sum(-1), torch.softmax(y, dim=0)",
-                                     "return x.copy_(y[:8, :1]).sum(-1)"))
-    with pytest.raises(Unsupported, match=r"copy_ \(aten.copy_\) writes into a tensor the site "
-                                          r"did not make for it"):
+                                     f"return {body}"))
+    with pytest.raises(Unsupported, match=why):
         lower_problem(problem)
