@@ -28,9 +28,9 @@ from core.evaluate.transport import (
     new_region,
     raw_bytes,
     reference_count,
-    storage_span,
     typed_view,
 )
+from core.runtime.problem_loader import storage_span
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from core.evaluate.transport import PAGE, Region, new_region, raw_bytes, storage_span
+from core.evaluate.transport import PAGE, Region, new_region, raw_bytes
+from core.runtime.problem_loader import storage_span
 
 GUARD_BYTE = 0xA5
 # Bands are sized to the data within these bounds; on the CPU inaccessible pages lie beyond.

@@ -174,15 +174,6 @@ def typed_view(region_bytes: torch.Tensor, dtype: torch.dtype, offset: int,
     return torch.as_strided(flat, shape, stride, offset)
 
 
-def storage_span(tensor: torch.Tensor) -> tuple[int, int]:
-    """The first byte of the tensor's storage it can reach, and how many bytes it reaches."""
-    size = tensor.element_size()
-    if tensor.numel() == 0:
-        return tensor.storage_offset() * size, 0
-    last = sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride(), strict=True))
-    return tensor.storage_offset() * size, (last + 1) * size
-
-
 def raw_bytes(tensor: torch.Tensor, start: int, length: int) -> torch.Tensor:
     """`length` bytes of the tensor's storage from byte `start`, as a flat uint8 view."""
     whole = torch.empty(0, dtype=torch.uint8, device=tensor.device)

@@ -18,6 +18,7 @@ import torch.fx as fx
 from core.profile.roofline import Cost, GpuPeaks, region_cost
 from core.runtime.capture import Capture, CapturedGraph, record_values
 from core.runtime.partition import Region
+from core.runtime.problem_loader import CAPTURED_INPUTS_FILE, storage_span, with_layout
 from core.runtime.site_problem import CodegenError, SiteProblem, write_problem
 
 
@@ -92,35 +93,16 @@ def find_sites(capture: Capture, peaks: GpuPeaks, allow_tf32: bool = False) -> S
     return SiteTable(list(sites.values()), site_of, unwritable)
 
 
-def _extent(tensor: torch.Tensor) -> int:
-    """Elements of storage a tensor reaches, from its first to its last."""
-    if tensor.numel() == 0:
-        return 0
-    return 1 + sum((size - 1) * step for size, step in zip(tensor.shape, tensor.stride(),
-                                                          strict=True))
-
-
-def with_layout(tensor: torch.Tensor) -> torch.Tensor:
-    """A CPU copy of a captured input keeping its strides: the stretch of storage it reaches, in
-    a storage of its own. A clone of a strided view (a column of a matrix) is compact, and a
-    kernel written for the site's strides refuses it."""
-    tensor = tensor.detach()
-    if tensor.numel() == 0:
-        return tensor.clone().cpu()
-    reached = torch.as_strided(tensor, (_extent(tensor),), (1,), tensor.storage_offset())
-    return reached.clone().cpu().as_strided(tensor.shape, tensor.stride())
-
-
 def write_site_folder(site: Site, root: Path, max_input_bytes: int) -> Path:
     folder = root / site.key
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "problem.py").write_text(site.problem.source)
-    size = sum(_extent(t) * t.element_size() for t in site.example_inputs)
+    size = sum(storage_span(t)[1] for t in site.example_inputs)
     saved = size <= max_input_bytes
     if saved:
-        torch.save([with_layout(t) for t in site.example_inputs], folder / "inputs.pt")
+        torch.save([with_layout(t) for t in site.example_inputs], folder / CAPTURED_INPUTS_FILE)
     else:
-        (folder / "inputs.pt").unlink(missing_ok=True)
+        (folder / CAPTURED_INPUTS_FILE).unlink(missing_ok=True)
     meta = {
         "key": site.key,
         "family": site.family,

@@ -133,6 +133,28 @@ def import_file(path: Path, module_name: str) -> ModuleType:
     return module
 
 
+def storage_span(tensor: torch.Tensor) -> tuple[int, int]:
+    """The first byte of the tensor's storage it can reach, and how many bytes it reaches."""
+    size = tensor.element_size()
+    if tensor.numel() == 0:
+        return tensor.storage_offset() * size, 0
+    last = sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride(), strict=True))
+    return tensor.storage_offset() * size, (last + 1) * size
+
+
+def with_layout(tensor: torch.Tensor) -> torch.Tensor:
+    """A CPU copy of a captured input keeping its strides: the stretch of storage it reaches, in
+    a storage of its own. A clone of a strided view (a column of a matrix) is compact, and a
+    kernel written for the site's strides refuses it."""
+    tensor = tensor.detach()
+    _, span = storage_span(tensor)
+    if span == 0:
+        return tensor.clone().cpu()
+    reached = torch.as_strided(tensor, (span // tensor.element_size(),), (1,),
+                               tensor.storage_offset())
+    return reached.clone().cpu().as_strided(tensor.shape, tensor.stride())
+
+
 def load_captured_inputs(problem_path: Path) -> list[torch.Tensor] | None:
     captured = problem_path.parent / CAPTURED_INPUTS_FILE
     if not captured.exists():
