@@ -118,8 +118,7 @@ class EvalConfig:
     def peaks(self) -> GpuPeaks:
         """The ceilings of the byte floors (`core.evaluate.diagnosis.byte_floor_ms`)."""
         if self.bandwidth_tbps is not None:
-            bandwidth = self.bandwidth_tbps * 1e12
-            return GpuPeaks("custom GPU", bandwidth=bandwidth, read_bandwidth=bandwidth)
+            return GpuPeaks().with_bandwidth(self.bandwidth_tbps * 1e12)
         return device_peaks(self.device)
 
     def tf32_for(self, anchors: set[str]) -> bool:

@@ -70,11 +70,12 @@ def gpu_peaks(bandwidth_tbs: float | None, matrix_tflops: float | None, dtype: s
               device: str) -> GpuPeaks:
     """The ceilings of the GPU `device` names (`core.profile.gpu_peaks`), or the bandwidth and
     matrix peak for the run's dtype given in their place."""
-    peaks = device_peaks(device) if bandwidth_tbs is None else GpuPeaks()
-    if bandwidth_tbs is not None and bandwidth_tbs * 1e12 != peaks.bandwidth:
-        # A GPU given by its bandwidth alone: reads are bounded by that figure too.
-        peaks = replace(peaks, name="custom GPU", bandwidth=bandwidth_tbs * 1e12,
-                        read_bandwidth=bandwidth_tbs * 1e12)
+    if bandwidth_tbs is None:
+        peaks = device_peaks(device)
+    elif bandwidth_tbs * 1e12 == GpuPeaks().bandwidth:
+        peaks = GpuPeaks()  # an H200's copy figure given: its measured ceilings
+    else:
+        peaks = GpuPeaks().with_bandwidth(bandwidth_tbs * 1e12)
     if not matrix_tflops:
         return peaks
     return replace(peaks, name="custom GPU",

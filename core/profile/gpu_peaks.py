@@ -41,7 +41,7 @@ def _cuda_peaks(index: int) -> GpuPeaks:
     name = properties.name.removeprefix("NVIDIA ")
     if "H200" in name:
         return replace(GpuPeaks(), detected=True)
-    bandwidth = memory_bandwidth(index)
+    bandwidth = memory_bandwidth(index, properties)
     if bandwidth is None:
         return replace(GpuPeaks(), name=f"{name} (H200 ceilings assumed: pass --bandwidth)")
     return peaks_of(name, bandwidth, properties.multi_processor_count,
@@ -51,14 +51,13 @@ def _cuda_peaks(index: int) -> GpuPeaks:
 def peaks_of(name: str, bandwidth: float, sms: int, l2_bytes: int) -> GpuPeaks:
     """A GPU's ceilings from its memory bandwidth (bytes/s), SMs and L2 (see the module's
     docstring)."""
-    return replace(GpuPeaks(), name=name, bandwidth=bandwidth, read_bandwidth=bandwidth,
-                   sms=sms, l2_bytes=l2_bytes, detected=True)
+    return replace(GpuPeaks().with_bandwidth(bandwidth, name), sms=sms, l2_bytes=l2_bytes,
+                   detected=True)
 
 
-def memory_bandwidth(index: int) -> float | None:
-    """Bytes a second the memory of GPU `index` moves, from its clock and bus width as the CUDA
-    driver gives them; None where it does not."""
-    properties = torch.cuda.get_device_properties(index)
+def memory_bandwidth(index: int, properties: object) -> float | None:
+    """Bytes a second the memory of GPU `index` moves, from its clock and bus width as torch's
+    `properties` of it or the CUDA driver give them; None where neither does."""
     clock_khz = getattr(properties, "memory_clock_rate", None)
     bus_bits = getattr(properties, "memory_bus_width", None)
     if not (clock_khz and bus_bits):

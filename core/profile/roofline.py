@@ -11,7 +11,7 @@ hold such a set on chip until its statistic is known.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.fx as fx
@@ -45,6 +45,11 @@ class GpuPeaks:
     # Read from the GPU the run is on (`core.profile.gpu_peaks`), not given: a resumed run reads
     # them again from the GPU it resumes on.
     detected: bool = False
+
+    def with_bandwidth(self, bandwidth: float, name: str = "custom GPU") -> GpuPeaks:
+        """These ceilings on a GPU known by its memory bandwidth (bytes/s): reads are bounded
+        by that figure too."""
+        return replace(self, name=name, bandwidth=bandwidth, read_bandwidth=bandwidth)
 
     def matrix_peak(self, dtype: torch.dtype, tf32: bool = False) -> float:
         """Matrix FLOP/s for `dtype`; fp32 at TF32's rate when its products may be TF32."""

@@ -131,7 +131,7 @@ class _Lowering(LibraryLowering, WindowLowering):
             raise Unsupported(f"{node.op} {node.target} in the traced site")
         if node.target is operator.getitem:
             return self.value(node.args[0])[node.args[1]]
-        packet = getattr(node.target, "_overloadpacket", None)
+        packet = _packet(node)
         name = packet.__name__ if packet is not None else str(node.target)
         meta = node.meta.get("val")
         if isinstance(meta, torch.Tensor):
