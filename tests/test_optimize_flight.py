@@ -100,6 +100,7 @@ class HoldingEvaluator:
         self.held: Future[Verdict] | None = None
         self.given = 0
         self.sent: list[str] = []
+        self.races: list[float | None] = []
 
     def __enter__(self) -> HoldingEvaluator:
         return self
@@ -111,11 +112,12 @@ class HoldingEvaluator:
     def verdict(self) -> Verdict:
         return Verdict(correct=True, latency_ms=1.0 + self.given / 100, baseline_ms=1.0)
 
-    def submit(self, items: Sequence[tuple[Path, str]], counters: object = False
-               ) -> list[Future[Verdict]]:
+    def submit(self, items: Sequence[tuple[Path, str]], counters: object = False,
+               race_ms: float | None = None) -> list[Future[Verdict]]:
         futures = []
         for _, source in items:
             self.sent.append(source)
+            self.races.append(race_ms)
             future: Future[Verdict] = Future()
             if self.held is None:
                 self.held = future
@@ -150,3 +152,10 @@ def test_a_run_lands_verdicts_as_they_come_while_a_slow_one_is_judged(tmp_path, 
     # after three the run had launched and landed meanwhile (judged a round at a time, the
     # run would have waited for it).
     assert len(evaluator.sent) == 8 and sources.index(evaluator.sent[0]) == 3
+    # Each candidate raced its site's best time when it was sent: its eager baseline at first
+    # (compile is off), then the baseline the judge measured (1.0 ms here, which no verdict
+    # beat).
+    (eager,) = sqlite3.connect(tmp_path / "kiln.db").execute("SELECT eager_ms FROM sites"
+                                                             ).fetchone()
+    assert evaluator.races[0] == pytest.approx(eager)
+    assert set(evaluator.races) <= {evaluator.races[0], 1.0} and evaluator.races[-1] == 1.0

@@ -34,6 +34,12 @@ MIN_TRIALS = 10
 # every timed call read a call's inputs twice beside the kernel's one read: at the sizes of
 # KernelBench's level 1 more than the kernel's own traffic.
 CHECKED_TRIALS = 20
+# A candidate whose warm-up calls ran over this many times its site's best time (`race_ms`) is
+# timed MIN_TRIALS times, and so is its reference: it cannot win, and a full count would only
+# pin down by how much it loses. Most of a search's candidates lose, and at KernelBench's sizes
+# a full count was most of a candidate's judging (bench/NOTES.md, "2026-12-07, 18:06-"). A
+# margin, not a tie: a 10-call median of a long kernel is steady to a percent or two.
+RACE_MARGIN = 1.25
 
 
 def default_device() -> str:
@@ -89,6 +95,10 @@ class EvalConfig:
     # Whether fp32 matmuls may run on TF32 tensor cores, the baselines' as the candidates':
     # off, fp32 matmuls stay fp32 as PyTorch runs them by default (`tf32_for`).
     allow_tf32: bool = False
+    # The best time of the candidate's site when it was sent (its baseline's, or a kernel's):
+    # a candidate clearly slower than it is timed briefly (RACE_MARGIN). None: every candidate
+    # timed in full.
+    race_ms: float | None = None
 
     def __post_init__(self) -> None:
         if self.device not in DEFAULT_TRIALS:
@@ -100,6 +110,8 @@ class EvalConfig:
             self.gpus = tuple(self.gpus)
             if not self.gpus or len(set(self.gpus)) < len(self.gpus):
                 raise ValueError(f"gpus must name distinct GPUs, not {self.gpus!r}")
+        if self.race_ms is not None and not (math.isfinite(self.race_ms) and self.race_ms > 0):
+            raise ValueError(f"race_ms must be a positive time, not {self.race_ms!r}")
         if self.memory_bytes is not None and self.memory_bytes <= 0:
             raise ValueError(f"memory_bytes must be positive, not {self.memory_bytes!r}")
 
@@ -158,6 +170,10 @@ class EvalConfig:
         if self.trials is not None or call_ms <= 0:
             return self.trial_count
         return min(self.trial_count, max(MIN_TRIALS, math.ceil(TIMED_MS / call_ms)))
+
+    def losing(self, call_ms: float) -> bool:
+        """Whether calls of `call_ms` lose the race clearly enough to be timed briefly."""
+        return self.race_ms is not None and call_ms > RACE_MARGIN * self.race_ms
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

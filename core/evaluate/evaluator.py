@@ -13,6 +13,7 @@ worker processes. On a machine without a GPU, CUDA candidates are compile-checke
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import re
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -94,10 +95,13 @@ def counter_flags(count: int, counters: bool | Sequence[bool]) -> list[bool]:
     return flags
 
 
-def item_configs(config: EvalConfig, count: int, counters: bool | Sequence[bool]
-                 ) -> list[EvalConfig]:
-    """The config of each of `count` items, with hardware counters as `counter_flags` says."""
+def item_configs(config: EvalConfig, count: int, counters: bool | Sequence[bool],
+                 race_ms: float | None = None) -> list[EvalConfig]:
+    """The config of each of `count` items, with hardware counters as `counter_flags` says,
+    and racing the site's best time `race_ms` (`EvalConfig.race_ms`) where it is given."""
     flags = counter_flags(count, counters)
+    if race_ms is not None:
+        config = dataclasses.replace(config, race_ms=race_ms)
     profiled = config.with_counters() if any(flags) else config
     return [profiled if flag else config for flag in flags]
 
@@ -147,25 +151,28 @@ class Evaluator:
         return self.pool.size
 
     def evaluate_many(self, items: Sequence[tuple[str | Path, str]],
-                      counters: bool | Sequence[bool] = False) -> list[Verdict]:
+                      counters: bool | Sequence[bool] = False,
+                      race_ms: float | None = None) -> list[Verdict]:
         """Verdicts in the order of `items`, keeping every worker busy. `counters`: with
         hardware counters (`core.evaluate.counters`), which take seconds a candidate, for each
-        item, or for those whose flag is set."""
-        return self.pool.map(self._jobs(items, counters))
+        item, or for those whose flag is set. `race_ms`: the site's best time, which clear
+        losers are timed against briefly (`EvalConfig.race_ms`)."""
+        return self.pool.map(self._jobs(items, counters, race_ms))
 
     def submit(self, items: Sequence[tuple[str | Path, str]],
-               counters: bool | Sequence[bool] = False) -> list[Future[Verdict]]:
+               counters: bool | Sequence[bool] = False,
+               race_ms: float | None = None) -> list[Future[Verdict]]:
         """`evaluate_many` without waiting: a future a verdict, each judged as soon as a worker
         is free, so that a caller can hand out more work as each comes back."""
-        return [self.pool.submit(one) for one in self._jobs(items, counters)]
+        return [self.pool.submit(one) for one in self._jobs(items, counters, race_ms)]
 
     def stop_now(self, futures: Sequence[Future[Verdict]]) -> None:
         """Ctrl-C while `futures` are pending: none still queued starts; the busy are ended."""
         self.pool.stop_now(futures)
 
-    def _jobs(self, items: Sequence[tuple[str | Path, str]], counters: bool | Sequence[bool]
-              ) -> list[Job]:
-        configs = item_configs(self.config, len(items), counters)
+    def _jobs(self, items: Sequence[tuple[str | Path, str]], counters: bool | Sequence[bool],
+              race_ms: float | None) -> list[Job]:
+        configs = item_configs(self.config, len(items), counters, race_ms)
         return [job(path, source, config)
                 for (path, source), config in zip(items, configs, strict=True)]
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 
 from core.evaluate.candidate import Rejected
-from core.evaluate.config import CHECKED_TRIALS, EvalConfig
+from core.evaluate.config import CHECKED_TRIALS, MIN_TRIALS, EvalConfig
 from core.evaluate.correctness import (
     Comparison,
     changed_inputs,
@@ -51,10 +51,12 @@ from core.timing.timer import TimingStats
 
 def time_candidate(models: Models, candidate_sets: list[list[object]],
                    plain_sets: list[list[object]], references: list[object],
-                   config: EvalConfig, anchors: set[str], deadline: float) -> TimingStats:
+                   config: EvalConfig, anchors: set[str], deadline: float
+                   ) -> tuple[TimingStats, bool]:
     """Warm-up calls (a count, and a wall-clock minimum), then the timed trials; each warm-up
     call's inputs and output checked against its set's, and those of CHECKED_TRIALS trials drawn
-    at random (`spot_checks`)."""
+    at random (`spot_checks`). Also whether it was timed briefly, as a clear loser
+    (`EvalConfig.losing`): MIN_TRIALS trials, unless those do not lose after all."""
     calls = 0
     exact: dict[int, ExactAnswer] = {}  # each set's, for outputs that are noise
     scales = [reference_scales(reference) for reference in references]  # read once, not a call
@@ -100,10 +102,26 @@ def time_candidate(models: Models, candidate_sets: list[list[object]],
     while calls < config.warmup_after_checks or (time.perf_counter() - began) * 1e3 < \
             config.warmup_time_ms:
         warm.append(call())
+    def trials(first: int, last: int) -> list[float]:
+        checked = {first + trial for trial in spot_checks(last - first)}
+        return [call(trial in checked) for trial in range(first, last)]
+
+    samples, brief = raced_trials(config, warm, trials)
+    return TimingStats.from_samples(samples, models.candidate.device.type), brief
+
+
+def raced_trials(config: EvalConfig, warm: list[float],
+                 trials: Callable[[int, int], list[float]]) -> tuple[list[float], bool]:
+    """The timed trials' times, from `trials(first, last)`, and whether they were brief: a
+    candidate whose warm-up calls lose the race (`EvalConfig.losing`) gets MIN_TRIALS, then the
+    full count after all if those do not lose."""
     count = config.trials_within(statistics.median(warm)) if warm else config.trial_count
-    checked = spot_checks(count)
-    samples = [call(trial in checked) for trial in range(count)]
-    return TimingStats.from_samples(samples, models.candidate.device.type)
+    if not warm or not config.losing(statistics.median(warm)):
+        return trials(0, count), False
+    samples = trials(0, min(count, MIN_TRIALS))
+    if config.losing(statistics.median(samples)):
+        return samples, True
+    return samples + trials(len(samples), count), False  # slow to warm, not slow
 
 
 def spot_checks(trials: int) -> set[int]:
@@ -135,8 +153,8 @@ def time_both(verdict: Verdict, models: Models, draw: Callable[[], list[object]]
     except Exception as err:
         raise judge_failure(err, "making the timing's input copies") from err
     with lock.exclusive():
-        candidate = time_candidate(models, candidate_sets, plain_sets, references, config,
-                                   anchors, deadline)
+        candidate, brief = time_candidate(models, candidate_sets, plain_sets, references,
+                                          config, anchors, deadline)
         # The candidate's copies, and the outputs its timed calls were checked against, are
         # freed before the reference is timed (its own outputs come on top of its inputs): no
         # name here may keep one alive.
@@ -146,9 +164,11 @@ def time_both(verdict: Verdict, models: Models, draw: Callable[[], list[object]]
         models.candidate.release(deadline)
         # A warm-up of calls alone: the GPU has just been busy with the candidate's, for at
         # least its warm-up time, so its clocks are up.
-        baseline = time_model(models.reference, plain_sets, device, config.warmup_after_checks,
-                              config.trial_count, queue_ahead=True,
-                              trials_within=config.trials_within)
+        baseline = time_model(
+            models.reference, plain_sets, device, config.warmup_after_checks,
+            config.trial_count, queue_ahead=True,
+            trials_within=(lambda ms: min(MIN_TRIALS, config.trials_within(ms))) if brief
+            else config.trials_within)
     record_timing(verdict, candidate, baseline)
 
 

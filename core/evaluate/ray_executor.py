@@ -186,11 +186,12 @@ class RayEvaluator:
         return cached[1]
 
     def submit(self, items: Sequence[tuple[str | Path, str]],
-               counters: bool | Sequence[bool] = False) -> list[Future[Verdict]]:
+               counters: bool | Sequence[bool] = False,
+               race_ms: float | None = None) -> list[Future[Verdict]]:
         """`evaluate_many` without waiting: a future a verdict, each item a task of its own,
         at most one a GPU of the cluster at once."""
         return [self.waiting.submit(lambda item=item, flag=flag:
-                                    self.evaluate_many([item], [flag])[0])
+                                    self.evaluate_many([item], [flag], race_ms)[0])
                 for item, flag in zip(items, counter_flags(len(items), counters), strict=True)]
 
     def stop_now(self, futures: Sequence[Future[Verdict]]) -> None:
@@ -203,12 +204,13 @@ class RayEvaluator:
         return self.evaluate_many([(problem_path, candidate_source)])[0]
 
     def evaluate_many(self, items: Sequence[tuple[str | Path, str]],
-                      counters: bool | Sequence[bool] = False) -> list[Verdict]:
+                      counters: bool | Sequence[bool] = False,
+                      race_ms: float | None = None) -> list[Verdict]:
         """Verdicts in the order of `items`; at most one task per GPU in flight, so a task's
         deadline counts from when it can start. `counters`: with hardware counters, for each
-        item or for those whose flag is set."""
+        item or for those whose flag is set; `race_ms` as `Evaluator.evaluate_many`'s."""
         ray = self.ray
-        configs = item_configs(self.config, len(items), counters)
+        configs = item_configs(self.config, len(items), counters, race_ms)
         deadlines = [self.deadline_s(c) for c in configs]  # a counters read takes longer
         results: list[Verdict | None] = [None] * len(items)
         requests: dict[int, Request] = {}

@@ -87,7 +87,8 @@ class Flight:
 
     def launch(self, run: SiteRun, expansions: list[tuple[Node, Proposal]]) -> None:
         batch = Launch(run, len(expansions))
-        futures = self.evaluator.submit([(run.problem, p.source) for _, p in expansions])
+        futures = self.evaluator.submit([(run.problem, p.source) for _, p in expansions],
+                                        race_ms=run.search.race_ms)
         for future, (parent, proposal) in zip(futures, expansions, strict=True):
             self.pending[future] = Pending(run, parent, proposal, batch)
 

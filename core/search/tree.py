@@ -113,6 +113,13 @@ class SiteSearch:
         return self.best.latency_ms if self.best is not None else self.baseline_ms
 
     @property
+    def race_ms(self) -> float | None:
+        """The time a candidate sent now races (`EvalConfig.race_ms`): the site's best, where
+        one is known."""
+        best = self.best_ms
+        return best if math.isfinite(best) and best > 0 else None
+
+    @property
     def done(self) -> bool:
         return self.at_floor or self.stuck or self.stalled
 
