@@ -28,12 +28,12 @@ from core.evaluate import EvalConfig, Evaluator  # noqa: E402
 from core.evaluate.site_baseline import time_site  # noqa: E402
 from core.evaluate.verdict import Verdict  # noqa: E402
 from core.optimize.run import feedback_of  # noqa: E402
+from core.profile.gpu_peaks import device_peaks  # noqa: E402
 from core.profile.roofline import GpuPeaks  # noqa: E402
 from core.search.tree import Node, SearchConfig, SiteSearch  # noqa: E402
 from generators.base import Feedback, Parent, Proposal, Proposals  # noqa: E402
 from generators.rules import WRITERS, RulesGenerator, Writer  # noqa: E402
 
-PEAKS = GpuPeaks()
 COMPILER = ("write_compiled", "write_cuda_compiled")
 
 
@@ -85,6 +85,10 @@ CASES = [
          "torch.nn.functional.silu(torch.nn.functional.group_norm(x, 32, w, b))",
          "torch.randn(16, 512, 64, 64), torch.randn(512), torch.randn(512)",
          2 * 16 * 512 * 64 * 64 * 4),
+    Case("group_norm(32) + silu, channels-last, 16×512×64² fp32", "reduction", "x, w, b",
+         "torch.nn.functional.silu(torch.nn.functional.group_norm(x, 32, w, b))",
+         "torch.randn(16, 512, 64, 64).to(memory_format=torch.channels_last), "
+         "torch.randn(512), torch.randn(512)", 2 * 16 * 512 * 64 * 64 * 4),
     Case("batch_norm, batch statistics, 32×256×56² fp32", "reduction", "x, w, b",
          "torch.nn.functional.batch_norm(x, None, None, w, b, True, 0.1, 1e-5)",
          "torch.randn(32, 256, 56, 56), torch.randn(256), torch.randn(256)",
@@ -104,9 +108,10 @@ CASES = [
 ]
 
 
-def floor_ms(case: Case) -> float:
-    """The case's roofline floor: its bytes at the copy bandwidth, or its FLOPs in bf16."""
-    return max(case.bytes / PEAKS.bandwidth, case.flops / PEAKS.matrix_flops["bf16"]) * 1e3
+def floor_ms(case: Case, peaks: GpuPeaks) -> float:
+    """The case's roofline floor on the GPU of `peaks`: its bytes at the copy bandwidth, or its
+    FLOPs in bf16."""
+    return max(case.bytes / peaks.bandwidth, case.flops / peaks.matrix_flops["bf16"]) * 1e3
 
 
 def problem_source(case: Case) -> str:
@@ -191,6 +196,7 @@ def main() -> int:
     args = parser.parse_args()
     generator = RulesGenerator(compiler_writers() if args.writers == "compiler" else WRITERS)
     rows, kept = [], []
+    peaks = device_peaks("cuda")
     with tempfile.TemporaryDirectory(prefix="kiln-rules-bench-") as folder, \
             Evaluator(EvalConfig(device="cuda"), workers=args.workers) as evaluator:
         for index, case in enumerate(
@@ -200,7 +206,7 @@ def main() -> int:
             problem.write_text(problem_source(case))
             baseline = time_site(problem, EvalConfig(device="cuda"))
             eager, compiled = baseline.eager_ms, baseline.compile_ms
-            floor = floor_ms(case)
+            floor = floor_ms(case, peaks)
             judged = search_case(generator, evaluator, problem, case.tiers, baseline.best_ms,
                                  floor, args.evaluations)
             accepted = [(v, p) for v, p in judged if v.accepted]

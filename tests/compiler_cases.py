@@ -132,6 +132,16 @@ NORM_CASES = [
     Case("x", "x / torch.sum(torch.abs(x), dim=1, keepdim=True)", "torch.randn(7, 33)"),
     Case("x", "x / torch.norm(x, p='fro')", "torch.randn(5, 6, 7)"),
     Case("x", "torch.max(x, dim=1)", "torch.randn(8, 19)"),
+    # Channels-last inputs: each walk goes along memory (the channels innermost), not along
+    # the view (a group norm's groups, then a 3-d convolution's output normed and averaged).
+    Case("x, w, b", "F.group_norm(x, 3, w, b)",
+         "torch.randn(2, 12, 5, 3).to(memory_format=torch.channels_last), torch.randn(12), "
+         "torch.randn(12)"),
+    Case("x, w, b", "F.group_norm(x, 4, w, b).mean(dim=[1, 2, 3, 4])",
+         "torch.randn(2, 12, 3, 4, 5).to(memory_format=torch.channels_last_3d), "
+         "torch.randn(12), torch.randn(12)"),
+    Case("x", "x.sum(dim=(1, 2, 3)) + x.amax(dim=(1, 2, 3))",
+         "torch.randn(3, 6, 5, 7).to(memory_format=torch.channels_last)"),
     # A reduction over the channels of a norm's output whose groups are channels: the norm's
     # statistics in the channel loop are the loop's channel's, not the row's.
     Case("x, w, b", "torch.logsumexp(x + F.group_norm(x, 6, w, b), dim=1, keepdim=True)",

@@ -55,6 +55,13 @@ class Reduction:
     # A sum of exp(x - max(x)) (a softmax's) computed in its max's walk, the sum rescaled as the
     # max grows, so that the row is walked once for both: that max's reduction; else None.
     online_of: Reduction | None = None
+    # The loop's counters in the order the walk goes, outermost first, where it is not the
+    # reduced dimensions' own (`_walk_in_memory_order`); `loop` stays one counter a dimension.
+    walk: tuple[str, ...] = ()
+
+    @property
+    def walked(self) -> tuple[str, ...]:
+        return self.walk or self.loop
 
     @property
     def size(self) -> int:
@@ -100,6 +107,25 @@ class Kernel:
                 return bool(coord.symbols() & row_symbols) and not (
                     coord.symbols() - row_symbols)
         return False
+
+    def interleaved_rows(self) -> int:
+        """Rows whose values lie side by side within each step of the columns' innermost walk
+        (a channels-last group norm's groups, each a few of a position's channels): a block of
+        that many rows reads whole runs of memory where one row reads a few values of each.
+        1 where rows and columns do not interleave so."""
+        if len(self.columns) < 2 or not self.loads:
+            return 1
+        largest, coords = max(self.loads, key=lambda load: load[0].numel)
+        strides = _linear_strides(largest, coords)
+        inner, outer = (strides.get(self.symbols[d]) for d in self.columns[-2:][::-1])
+        if inner is None or outer is None:
+            return 1
+        count = 1
+        for d in self.rows:
+            stride = strides.get(self.symbols[d])
+            if stride is not None and inner < stride < outer:
+                count *= self.domain[d]
+        return count
 
     def walks_rows_twice(self) -> bool:
         """Whether a looped program walks each row more than once: reductions of more than one
@@ -268,6 +294,8 @@ def _try(graph: Graph, domain: tuple[int, ...]) -> Kernel | str:
             return "a reduction loops over a dimension that another reduction's rows keep"
     kernel.reductions = sorted(survey.reductions.values(), key=lambda r: r.index)
     kernel.ranges, kernel.sizes, kernel.loads = survey.ranges, survey.sizes, survey.loads
+    if kernel.scan_dim is None:
+        _walk_in_memory_order(kernel)
     if kernel.scan_dim is None and not kernel.rows_contiguous():
         _online_sums(kernel)
     return kernel
@@ -291,6 +319,52 @@ def _broadcast_rows(loads: list[tuple[Input, Coords]], symbols: tuple[str, ...],
     if math.prod(domain[len(rows):]) < MIN_ROW_COLUMNS:
         return ()
     return rows
+
+
+def _linear_strides(value: Input, coords: Coords) -> dict[str, int]:
+    """How far apart in memory `value`'s elements lie along each counter its coordinates use
+    linearly (those under a division or remainder are left out)."""
+    address = Expr()
+    for coord, stride in zip(coords, value.stride, strict=True):
+        address = address + coord.scale(stride)
+    bent = set().union(*(atom[1].symbols() for atom, _ in address.terms
+                         if not isinstance(atom, str)))
+    return {atom: abs(coef) for atom, coef in address.terms
+            if isinstance(atom, str) and atom not in bent}
+
+
+def memory_order(kernel: Kernel, symbols: tuple[str, ...]) -> tuple[str, ...]:
+    """`symbols`, the counters of one walk, outermost first as the largest input read along all
+    of them lies in memory; as they are where its layout does not order them plainly (a
+    division or remainder, a broadcast, two counters one stride apart)."""
+    walked = set(symbols)
+    reading = [(value, coords) for value, coords in kernel.loads
+               if walked <= set().union(*(c.symbols() for c in coords))]
+    if len(symbols) < 2 or not reading:
+        return symbols
+    strides = _linear_strides(*max(reading, key=lambda load: load[0].numel))
+    if not walked <= strides.keys() or len({strides[s] for s in symbols}) < len(symbols):
+        return symbols
+    return tuple(sorted(symbols, key=lambda s: -strides[s]))
+
+
+def _walk_in_memory_order(kernel: Kernel) -> None:
+    """Every walk in the order its largest input lies in memory: a channels-last tensor's
+    channels innermost, where the view gives them outermost (a group norm's rows over a
+    channels-last convolution's output), so that a warp's loads are one run and not a value
+    every few hundred bytes. The columns and the reductions looping over the domain's own
+    counters move together: a persistent kernel's walks must lay a row out alike, to reuse its
+    values. An argmax or argmin walks one dimension (the first of equal extremes wins in it),
+    so its kernel's columns are that one, and nothing moves."""
+    columns = tuple(kernel.symbols[d] for d in kernel.columns)
+    ordered = memory_order(kernel, columns)
+    kernel.columns = tuple(kernel.symbols.index(s) for s in ordered)
+    position = {s: ordered.index(s) for s in ordered}
+    for reduction in kernel.reductions:
+        if set(reduction.loop) <= position.keys():
+            reduction.walk = tuple(sorted(reduction.loop, key=position.__getitem__))
+        elif not set(reduction.loop) & set(kernel.symbols):
+            reduction.walk = memory_order(kernel, reduction.loop)
 
 
 def _online_sums(kernel: Kernel) -> None:

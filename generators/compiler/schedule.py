@@ -33,8 +33,9 @@ import math
 from dataclasses import dataclass, replace
 
 from core.profile.roofline import GpuPeaks
-from core.runtime.cuda import MAX_DYNAMIC_SHARED, SM_REGISTERS, SM_SHARED_BYTES
+from core.runtime.cuda import MAX_DYNAMIC_SHARED, SM_SHARED_BYTES
 from generators.compiler.plan import Kernel
+from generators.compiler.registers import HELD_VALUES, MAX_WARPS, fewest_register_threads
 
 # Elements one program holds at once: more and a block spills its registers (a [rows, columns]
 # tile of fp32 at 8 warps, 256 threads, 64 values a thread).
@@ -72,13 +73,6 @@ MAX_SPLITS = 65535
 
 
 HELD_IN = {"shared": "shared memory", "registers": "registers"}
-# Values a thread keeps in registers, each drafted by the fewest threads that hold a share so:
-# the cluster norm writer ran group norm fastest at 64 and batch norm at 40 on an H200
-# (bench/NOTES.md, eighth round).
-HELD_VALUES = (64, 40)
-# Registers a thread needs beside the values it keeps: the cluster norm writer's group norm
-# kernel keeps 64 in 80 (bench/NOTES.md, round of 2026-12-06 23:20 UTC).
-KERNEL_REGISTERS = 16
 
 
 @dataclass(frozen=True)
@@ -166,7 +160,7 @@ def vectors_fit(kernel: Kernel, width: int) -> bool:
     apart in memory (side by side, a warp's loads are one run already), no scan, and some walk
     (over the row's columns, or a reduction's loop) whose innermost dimension is a multiple of
     `width`, so that no vector spans two of its runs."""
-    innermost = [kernel.sizes[r.loop[-1]] for r in kernel.reductions if r.loop]
+    innermost = [kernel.sizes[r.walked[-1]] for r in kernel.reductions if r.loop]
     if kernel.columns:
         innermost.append(kernel.domain[kernel.columns[-1]])
     return bool(kernel.reductions and kernel.scan_dim is None and not kernel.rows_contiguous()
@@ -244,6 +238,13 @@ def drafts(kernel: Kernel) -> list[tuple[Schedule, str]]:
             return persistent
         looped = [(Schedule(1, 4096, 8), f"looped: rows of {loop} values walked 4096 at a time"),
                   (Schedule(1, 2048, 4), f"looped: rows of {loop} values walked 2048 at a time")]
+        interleaved = min(_pow2(kernel.interleaved_rows()), _pow2(rows))
+        if interleaved > 1:
+            # One row reads a few values of each run its walk steps over; the block's rows
+            # read the whole run, once.
+            looped.insert(0, (Schedule(interleaved, max(64, 4096 // interleaved), 8),
+                              f"looped: {interleaved} rows a program, side by side in each step "
+                              f"of their walks, {max(64, 4096 // interleaved)} columns a step"))
         peaks = GpuPeaks()
         if (kernel.walks_rows_twice() and math.prod(kernel.domain) * 4 > peaks.l2_bytes
                 and loop * 4 * peaks.sms <= peaks.l2_bytes):
@@ -319,8 +320,6 @@ SHARED_SM_PASS = 8192
 BLOCK_SHARED_EXTRA = 2048
 # The threads an SM runs at once (sm_90).
 SM_THREADS = 2048
-# The most warps a block has.
-MAX_WARPS = 32
 # Columns a pass of a block alone on its SM keeping its share in shared memory: 16 a thread of
 # 1024 (`generators.cuda.compiled.MAX_KEPT_STEPS` says why).
 ALONE_PASS = 16 * 32 * MAX_WARPS
@@ -416,29 +415,6 @@ def _held_twins(kept: Schedule, share: int, why: str) -> list[tuple[Schedule, st
         if registers not in twins:
             twins.append(registers)
     return [(s, why.format(held=HELD_IN[s.held], threads=32 * s.num_warps)) for s in twins]
-
-
-def fewest_register_threads(share: int, most: int, vector: int) -> tuple[int, int] | None:
-    """(threads, values a thread): the fewest threads, in pairs of warps and at least 128, that
-    keep a block's `share` in registers at `most` values a thread or fewer, in steps of `vector`
-    values; None where 1024 threads cannot."""
-    threads = max(128, -(-share // (most * 64)) * 64)
-    held = -(-share // (threads * vector)) * vector
-    return (threads, held) if threads <= 32 * MAX_WARPS and held <= held_limit(threads) else None
-
-
-def held_limit(threads: int) -> int:
-    """Values a thread may keep in registers: at most 64, and 32 at 1024 threads, so that with
-    the kernel's own registers a block stays within an SM's 64 K without spilling."""
-    return min(64, 32 * 1024 // threads)
-
-
-def blocks_keeping(threads: int, values: int) -> int:
-    """The blocks an SM a kernel asks ptxas for when each of its `threads` keeps `values` in
-    registers: as many as the SM's 64 K registers hold at `values` and `KERNEL_REGISTERS` more a
-    thread. Without it ptxas may take registers that cost a block an SM (group norm's 8 × 128
-    share: 96 against 80, bench/NOTES.md, round of 2026-12-06 23:20 UTC)."""
-    return max(1, SM_REGISTERS // (threads * (values + KERNEL_REGISTERS)))
 
 
 def _alone(share: int) -> bool:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from generators.channel_site import ChannelSite, channel_norm, stride_args, views
 from generators.codegen import indent, op_refs, ops_needed
-from generators.compiler.schedule import held_limit
+from generators.compiler.registers import held_limit
 from generators.cuda.cluster import CLUSTER_HELPERS
 from generators.cuda.cluster_shares import (
     CLUSTER_NORMS,

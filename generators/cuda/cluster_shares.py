@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from core.runtime.cuda import MAX_DYNAMIC_SHARED
 from generators.channel_site import ChannelNorm, channel_norm
-from generators.compiler.schedule import fewest_register_threads
+from generators.compiler.registers import fewest_register_threads
 from generators.site_graph import SiteGraph
 
 # The most dynamic shared memory a block may opt into on sm_90, less the static part.

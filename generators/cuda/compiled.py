@@ -239,7 +239,7 @@ class CudaKernelWriter(RowFolds):
         slots = {r.index: self.accumulators(r) for r in group}
         # An online max-and-sum chains each value's exponential to the last one's max: in a walk
         # of vectors, each of a lane's columns keeps a pair of its own, merged after the walk.
-        width = self.walk_width(list(group[0].loop))
+        width = self.walk_width(list(group[0].walked))
         apart = {r.index: {name: f"{total}_apart" for name, total in slots[r.index].items()}
                  for r in group if r.online_of is not None and width > 1}
         for index, arrays in apart.items():
@@ -256,7 +256,7 @@ class CudaKernelWriter(RowFolds):
                             for name, array in apart[reduction.index].items()}
                 self.accumulate(reduction, slot, shifts.get(reduction.index))
 
-        self.columns(group[0].size, list(group[0].loop), body)
+        self.columns(group[0].size, list(group[0].walked), body)
         for reduction in group:
             if reduction.index in apart:
                 arrays = apart[reduction.index]

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from generators.compiler.launches import frame
 from generators.compiler.program import Program
-from generators.compiler.schedule import Schedule, blocks_keeping, held_limit
+from generators.compiler.registers import blocks_keeping, held_limit
+from generators.compiler.schedule import Schedule
 from generators.compiler.site import program_of
 from generators.cuda.cluster_shares import SHARED_LIMIT
 from generators.cuda.compiled import CudaKernelWriter

@@ -125,7 +125,7 @@ class KernelWriter(ValueWriter):
                 value = self.value(source, tuple(reduction.source_coords()))
                 self.accumulate(reduction, value, accumulators, shifts.get(reduction.index))
 
-        self.columns(group[0].size, list(group[0].loop), body)
+        self.columns(group[0].size, list(group[0].walked), body)
         folded: dict[int, dict[str, str]] = {}
         for reduction in group:
             totals = self.fold(reduction, {s.name: accumulators[s] for s in slots(reduction)})
