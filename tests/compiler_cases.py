@@ -146,6 +146,10 @@ NORM_CASES = [
     # statistics in the channel loop are the loop's channel's, not the row's.
     Case("x, w, b", "torch.logsumexp(x + F.group_norm(x, 6, w, b), dim=1, keepdim=True)",
          "torch.randn(3, 6, 4, 5), torch.randn(6), torch.randn(6)"),
+    # The same over groups of two channels: the norm's output into a buffer, then the
+    # logsumexp's max and sum in one kernel.
+    Case("x, w, b", "torch.logsumexp(x + torch.tanh(F.group_norm(x, 3, w, b)), dim=1, "
+                    "keepdim=True)", "torch.randn(2, 6, 4, 5), torch.randn(6), torch.randn(6)"),
 ]
 LOSS_CASES = [
     Case("p, t", "torch.mean((p - t) ** 2)", "torch.randn(13, 17), torch.randn(13, 17)"),

@@ -47,14 +47,22 @@ def _contains_reduction(value: Value, seen: set[int]) -> bool:
                                             for o in value.operands())
 
 
-def _cuts(graph: Graph) -> list[Value]:
-    """The sources of the outermost reductions that read other reductions."""
+def _cuts(graph: Graph, innermost: bool) -> list[Value]:
+    """The sources of the reductions that read other reductions: the outermost of them (a loss
+    averaging rows' log-softmaxes cuts at the rows' losses), or the innermost (a logsumexp over
+    the channels of a group norm's output cuts at that output, and its max and sum stay in one
+    kernel)."""
     cuts: list[Value] = []
     outer = [v for v in graph.values() if isinstance(v, Reduce)
              and _contains_reduction(v.source, set())]
-    inner = {id(v) for o in outer for v in _operand_closure(o.source) if isinstance(v, Reduce)}
+    within = {id(v) for o in outer for v in _operand_closure(o.source) if isinstance(v, Reduce)}
+    ids = {id(o) for o in outer}
     for reduction in outer:
-        if id(reduction) not in inner and all(reduction.source is not c for c in cuts):
+        if innermost:
+            chosen = not any(id(v) in ids for v in _operand_closure(reduction.source))
+        else:
+            chosen = id(reduction) not in within
+        if chosen and all(reduction.source is not c for c in cuts):
             cuts.append(reduction.source)
     return cuts
 
@@ -108,19 +116,34 @@ def _contiguous(shape: tuple[int, ...]) -> list[int]:
 
 
 def plan_program(graph: Graph) -> Program:
-    """The site as the fewest kernels this splitting finds, or Unsupported saying why not."""
-    program = Program([], {})
+    """The site as the fewest kernels this splitting finds (cutting at the outermost reductions
+    that read others, or at the innermost), then the fewest bytes of buffers between them; or
+    Unsupported saying why not."""
     names = [f"in{v.index}" for v in graph.inputs]
-    _plan_into(graph, names, [f"out{i}" for i in range(len(graph.outputs))], program)
-    return program
+    found: list[Program] = []
+    reasons: list[Unsupported] = []
+    for innermost in (False, True):
+        program = Program([], {})
+        try:
+            _plan_into(graph, names, [f"out{i}" for i in range(len(graph.outputs))], program,
+                       innermost)
+        except Unsupported as reason:
+            reasons.append(reason)
+            continue
+        found.append(program)
+    if not found:
+        raise reasons[0]
+    return min(found, key=lambda p: (len(p.steps), sum(v.numel * v.dtype.itemsize
+                                                       for v in p.buffers.values())))
 
 
-def _plan_into(graph: Graph, reads: list[str], writes: list[str], program: Program) -> None:
+def _plan_into(graph: Graph, reads: list[str], writes: list[str], program: Program,
+               innermost: bool) -> None:
     try:
         program.steps.append(Step(plan(graph), reads, writes))
         return
     except Unsupported as reason:
-        cuts = _cuts(graph)
+        cuts = _cuts(graph, innermost)
         if not cuts or len(program.steps) + 2 > MAX_KERNELS:
             raise reason
     temps = []
@@ -129,5 +152,13 @@ def _plan_into(graph: Graph, reads: list[str], writes: list[str], program: Progr
         program.buffers[name] = cut
         temps.append(name)
     first = Graph(list(graph.inputs), list(cuts), returns_tuple=len(cuts) > 1)
-    _plan_into(first, reads, temps, program)
-    _plan_into(_replaced(graph, cuts, len(graph.inputs)), reads + temps, writes, program)
+    _plan_into(first, reads, temps, program, innermost)
+    # Values a buffer already holds (one written for the cuts' own kernels) are read from it,
+    # not computed again.
+    held = {id(value): name for name, value in program.buffers.items()}
+    for value in graph.values():
+        if id(value) in held and held[id(value)] not in temps:
+            cuts.append(value)
+            temps.append(held[id(value)])
+    _plan_into(_replaced(graph, cuts, len(graph.inputs)), reads + temps, writes, program,
+               innermost)
