@@ -134,9 +134,9 @@ class SourceTimed:
     def evaluate(self, problem_path, source: str) -> Verdict:
         return self.evaluate_many([(problem_path, source)])[0]
 
-    def evaluate_many(self, batch: list[tuple[Path, str]],
-                      counters: bool | list[bool] = False) -> list[Verdict]:
-        verdicts = self.inner.evaluate_many(batch, counters)
+    def evaluate_many(self, batch: list[tuple[Path, str]], counters: bool | list[bool] = False,
+                      race_ms: float | None = None) -> list[Verdict]:
+        verdicts = self.inner.evaluate_many(batch, counters, race_ms)
         for (_, source), verdict in zip(batch, verdicts, strict=True):
             if verdict.correct:
                 digest = int(hashlib.sha256(source.encode()).hexdigest()[:8], 16)
@@ -145,10 +145,10 @@ class SourceTimed:
                 verdict.accepted, verdict.reason_code, verdict.reason = True, Reason.ACCEPTED, ""
         return verdicts
 
-    def submit(self, batch: list[tuple[Path, str]], counters: bool | list[bool] = False
-               ) -> list[Future[Verdict]]:
+    def submit(self, batch: list[tuple[Path, str]], counters: bool | list[bool] = False,
+               race_ms: float | None = None) -> list[Future[Verdict]]:
         futures = []
-        for verdict in self.evaluate_many(batch, counters):
+        for verdict in self.evaluate_many(batch, counters, race_ms):
             futures.append(Future())
             futures[-1].set_result(verdict)
         return futures

@@ -20,7 +20,8 @@ TORCH_NAMES = frozenset({
     "empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones", "ones_like", "full",
     "full_like", "reshape", "flatten", "transpose", "permute", "t", "squeeze", "unsqueeze",
     "broadcast_to", "as_strided", "is_tensor", "finfo", "iinfo", "no_grad", "inference_mode",
-    "Size", "device", "dtype", "Tensor", "contiguous_format", "channels_last", "strided",
+    "Size", "device", "dtype", "Tensor", "contiguous_format", "channels_last",
+    "channels_last_3d", "strided",
     "float64", "float32", "float16", "bfloat16", "float", "half", "double", "int64", "int32",
     "int16", "int8", "uint8", "long", "int", "bool", "complex64", "float8_e4m3fn", "float8_e5m2",
 })
