@@ -108,25 +108,6 @@ class Kernel:
                     coord.symbols() - row_symbols)
         return False
 
-    def interleaved_rows(self) -> int:
-        """Rows whose values lie side by side within each step of the columns' innermost walk
-        (a channels-last group norm's groups, each a few of a position's channels): a block of
-        that many rows reads whole runs of memory where one row reads a few values of each.
-        1 where rows and columns do not interleave so."""
-        if len(self.columns) < 2 or not self.loads:
-            return 1
-        largest, coords = max(self.loads, key=lambda load: load[0].numel)
-        strides = _linear_strides(largest, coords)
-        inner, outer = (strides.get(self.symbols[d]) for d in self.columns[-2:][::-1])
-        if inner is None or outer is None:
-            return 1
-        count = 1
-        for d in self.rows:
-            stride = strides.get(self.symbols[d])
-            if stride is not None and inner < stride < outer:
-                count *= self.domain[d]
-        return count
-
     def walks_rows_twice(self) -> bool:
         """Whether a looped program walks each row more than once: reductions of more than one
         level (a softmax's sum after its max), or outputs of the domain's size after a reduction

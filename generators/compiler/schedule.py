@@ -238,13 +238,6 @@ def drafts(kernel: Kernel) -> list[tuple[Schedule, str]]:
             return persistent
         looped = [(Schedule(1, 4096, 8), f"looped: rows of {loop} values walked 4096 at a time"),
                   (Schedule(1, 2048, 4), f"looped: rows of {loop} values walked 2048 at a time")]
-        interleaved = min(_pow2(kernel.interleaved_rows()), _pow2(rows))
-        if interleaved > 1:
-            # One row reads a few values of each run its walk steps over; the block's rows
-            # read the whole run, once.
-            looped.insert(0, (Schedule(interleaved, max(64, 4096 // interleaved), 8),
-                              f"looped: {interleaved} rows a program, side by side in each step "
-                              f"of their walks, {max(64, 4096 // interleaved)} columns a step"))
         peaks = GpuPeaks()
         if (kernel.walks_rows_twice() and math.prod(kernel.domain) * 4 > peaks.l2_bytes
                 and loop * 4 * peaks.sms <= peaks.l2_bytes):
