@@ -8,6 +8,7 @@ already proposed for the site are skipped, so every child is distinct.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -233,9 +234,12 @@ class RulesGenerator:
 
     def _seeds(self, graph: SiteGraph, parent: Parent | None, writers: list[Writer]
                ) -> list[tuple[Writer, object, str]]:
-        """The writers' drafts, after the parent's settings written by a writer that follows
-        its writer (a compiled Triton kernel's schedule, in CUDA)."""
-        candidates = [(w, s, why) for w in writers for s, why in w.drafts(graph)]
+        """The writers' drafts, each writer's in turn (its first, then the next writer's first,
+        ...: a writer with many drafts does not use up a short search before another's first is
+        judged), after the parent's settings written by a writer that follows its writer (a
+        compiled Triton kernel's schedule, in CUDA)."""
+        own = [[(w, s, why) for s, why in w.drafts(graph)] for w in writers]
+        candidates = [c for turn in itertools.zip_longest(*own) for c in turn if c is not None]
         if parent is not None:
             candidates = [(w, s, "the parent's settings, written in this tier")
                           for w in writers
