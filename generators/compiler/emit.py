@@ -160,12 +160,6 @@ class ValueEmitter:
             return self.masks.get("column")
         return self.masks.get("row") if rows else None
 
-    def offset(self, value: Input, coords: Coords) -> Expr:
-        offset = Expr()
-        for coord, stride in zip(coords, value.stride, strict=True):
-            offset = offset + coord.scale(stride)
-        return offset
-
     def value(self, value: Value, coords: Coords) -> str:
         key = (id(value), coords)
         if key in self.reduced:

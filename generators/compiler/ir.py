@@ -9,7 +9,7 @@ Nothing here says how a kernel loops: that is the plan's and the schedule's.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -44,6 +44,13 @@ class Input(Value):
     # How the forward computes it through the vendor library before the kernels (a
     # convolution, `generators.compiler.library`); empty for the site's own inputs.
     call: str = ""
+
+    def offset(self, coords: Sequence[Expr]) -> Expr:
+        """Where the element at `coords` lies in the input's memory, in elements."""
+        offset = Expr()
+        for coord, stride in zip(coords, self.stride, strict=True):
+            offset = offset + coord.scale(stride)
+        return offset
 
 
 @dataclass(eq=False)

@@ -305,9 +305,7 @@ def _broadcast_rows(loads: list[tuple[Input, Coords]], symbols: tuple[str, ...],
 def _linear_strides(value: Input, coords: Coords) -> dict[str, int]:
     """How far apart in memory `value`'s elements lie along each counter its coordinates use
     linearly (those under a division or remainder are left out)."""
-    address = Expr()
-    for coord, stride in zip(coords, value.stride, strict=True):
-        address = address + coord.scale(stride)
+    address = value.offset(coords)
     bent = set().union(*(atom[1].symbols() for atom, _ in address.terms
                          if not isinstance(atom, str)))
     return {atom: abs(coef) for atom, coef in address.terms

@@ -45,7 +45,7 @@ class CudaValues(ValueEmitter):
         return f"const {self.index if kind == 'index' else _C_TYPES[kind]} {target} = {text};"
 
     def load(self, value: Input, coords: Coords) -> str:
-        offset = self.offset(value, coords)
+        offset = value.offset(coords)
         element = f"in{value.index}[{self.render(offset)}]"
         if is_float(value.dtype) or value.dtype == torch.bool:
             return self.let(load_as_float(value.dtype, element), "x")

@@ -57,7 +57,7 @@ class WalkValues(CudaValues):
         norm's input is its groups' domain viewed), in a kept walk: loaded and kept (in shared
         memory or in registers) by the first walk that reads it at these coordinates, read from
         there by the later ones, which read the same element at the same place of their walk."""
-        along = self.along_vector(self.offset(value, coords), value.dtype)
+        along = self.along_vector(value.offset(coords), value.dtype)
         if (self.position is None or math.prod(value.shape) != math.prod(self.kernel.domain)
                 or not (value.dtype.is_floating_point or value.dtype == torch.bool)):
             return self.lane_of(self.vector_load(value, coords)) if along else super().load(
@@ -95,7 +95,7 @@ class WalkValues(CudaValues):
 
     def vector_load(self, value: Input, coords: Coords) -> str:
         self.vector_inputs.add(value.index)
-        offset = self.render(self.offset(value, coords), self.vector_bound)
+        offset = self.render(value.offset(coords), self.vector_bound)
         return self.before_vector(f"load_vector<{VECTOR_TYPES[self.vector]}>("
                                   f"&in{value.index}[{offset}])")
 

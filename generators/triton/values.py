@@ -47,7 +47,7 @@ class ValueWriter(ValueEmitter):
         return f"{target} = {text}"
 
     def load(self, value: Input, coords: Coords) -> str:
-        offset = self.offset(value, coords)
+        offset = value.offset(coords)
         mask = self.mask_for(offset.symbols())
         where = f"in{value.index}"
         if offset.terms or offset.constant:
