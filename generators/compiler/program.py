@@ -131,6 +131,8 @@ def plan_program(graph: Graph) -> Program:
             reasons.append(reason)
             continue
         found.append(program)
+        if len(program.steps) == 1:
+            break  # one kernel, no cut: the other cut has nothing to better
     if not found:
         raise reasons[0]
     return min(found, key=lambda p: (len(p.steps), sum(v.numel * v.dtype.itemsize
