@@ -18,7 +18,7 @@ import torch.fx as fx
 from core.profile.load import import_file
 from core.runtime.capture import Capture, capture
 from core.runtime.ops import OpKind, op_info
-from core.runtime.partition import Region
+from core.runtime.regions import Region
 
 
 class Unsupported(Exception):

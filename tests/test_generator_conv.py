@@ -3,6 +3,8 @@ after it one kernel (`generators.compiler.library`)."""
 
 from __future__ import annotations
 
+import math
+import re
 from pathlib import Path
 
 import pytest
@@ -162,3 +164,29 @@ def test_resnet_block_epilogue_is_accepted_on_gpu(dtype, tmp_path):
                        EvalConfig(device="cuda"))
     assert verdict.correct, verdict.reason
     assert verdict.library_ops == ["aten.convolution"]
+
+
+@pytest.mark.parametrize("conv,epilogue,shapes,groups", [
+    # A mean over a group norm's output (level 2's 23): the norm's statistics, then the mean.
+    ("torch.nn.functional.conv3d(x, w, cb, 1, 1)",
+     ["torch.nn.functional.group_norm(v, 2, g, b)", "v.mean(dim=[1, 2, 3, 4])"],
+     {"x": "2, 3, 6, 7, 5", "w": "4, 3, 3, 3, 3", "cb": "4", "g": "4", "b": "4"}, 2),
+    # A logsumexp over the channels of an activated norm plus the conv output (level 2's 92).
+    ("torch.nn.functional.conv2d(x, w, cb)",
+     ["v + torch.tanh(torch.nn.functional.group_norm(v, 3, g, b))",
+      "torch.logsumexp(v, dim=1, keepdim=True)"],
+     {"x": "2, 4, 9, 7", "w": "6, 4, 3, 3", "cb": "6", "g": "6", "b": "6"}, 3),
+])
+def test_a_reduction_over_a_norms_output_writes_its_statistics_not_the_output(
+        conv, epilogue, shapes, groups, tmp_path):
+    path = write_problem(tmp_path / "problem.py", conv, epilogue, shapes, torch.float32)
+    source = check(path, Schedule(2, 32, 4))
+    # Two kernels after the convolution; between them a mean and a variance a (sample, group).
+    buffers = [re.search(r"torch\.empty\(\(([\d, ]+)\)", line).group(1)
+               for line in source.splitlines() if "tmp" in line and "torch.empty(" in line]
+    assert len(buffers) == 2, buffers
+    assert all(math.prod(int(n) for n in b.split(",") if n.strip()) == 2 * groups
+               for b in buffers), buffers
+    verdict = evaluate(path, source, EvalConfig(device="cpu", time=False))
+    assert verdict.correct, verdict.reason
+    assert verdict.library_ops == ["aten.convolution"] and verdict.kernel_launches == 2

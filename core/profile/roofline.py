@@ -17,7 +17,7 @@ import torch
 import torch.fx as fx
 
 from core.runtime.ops import OpKind, op_info
-from core.runtime.partition import Region
+from core.runtime.regions import Region
 
 
 def _h200_matrix_peaks() -> dict[str, float]:

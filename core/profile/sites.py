@@ -17,8 +17,8 @@ import torch.fx as fx
 
 from core.profile.roofline import Cost, GpuPeaks, region_cost
 from core.runtime.capture import Capture, CapturedGraph, record_values
-from core.runtime.partition import Region
 from core.runtime.problem_loader import CAPTURED_INPUTS_FILE, storage_span, with_layout
+from core.runtime.regions import Region
 from core.runtime.site_problem import CodegenError, SiteProblem, write_problem
 
 

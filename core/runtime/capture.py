@@ -17,7 +17,8 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
-from .partition import Region, partition
+from .partition import partition
+from .regions import Region
 from .segments import Segment, segments
 from .tracing import set_tracing_rules
 

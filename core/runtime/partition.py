@@ -10,10 +10,12 @@ replaced by a single call. Regions are grown greedily in graph order:
   rows (sum, mean, max, min or logsumexp along the last dimension: each tile reduces its
   columns, a second pass combines the tiles) and the elementwise ops on the reduced values,
   and the norms and softmaxes its tiles can finish alone (`tile_norms`);
-- a conv takes one reduction of its values too (a norm, softmax or sum) and what follows it;
+- a conv takes a reduction of its values too (a norm, softmax or sum), a second over a value of
+  its output's size (a mean of a group norm's output), and what follows them;
 - a reduction or norm anchors a region, swallows the pointwise chain of its input's shape that
   feeds it (the prologue; a value others read too becomes a second output; an epilogue of a
-  conv it cannot join moves in too) and takes its epilogue;
+  conv it cannot join moves in too) and takes its epilogue, and a reduction over values of its
+  input's size (a mean of a norm's output, never then written whole);
 - remaining elementwise ops (inference-mode batch norm among them: a per-channel affine map)
   form maximal pointwise chains, across any broadcast;
 - every other op with tensor inputs is a one-node `other` region, kept with PyTorch;
@@ -23,9 +25,7 @@ replaced by a single call. Regions are grown greedily in graph order:
 from __future__ import annotations
 
 import math
-import operator
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import torch
 import torch.fx as fx
@@ -33,6 +33,16 @@ import torch.fx as fx
 from .attention_chain import claim_attention
 from .functional import drop_dead_values, functionalize_inplace, operators_as_functions
 from .ops import OpKind, example_tensor, op_info, reduced_dims
+from .regions import (
+    Region,
+    ancestors_of,
+    contiguous,
+    dtype_of,
+    picks,
+    same_shape,
+    seal,
+    shape_of,
+)
 from .tile_norms import TILE_NORMS, normalized_shape, tile_norm
 
 FAMILY_OF_KIND = {
@@ -56,50 +66,6 @@ _ORDER_PRESERVING = frozenset(
 )
 
 
-@dataclass(eq=False)
-class Region:
-    """A convex set of nodes of one graph, in graph order, with what flows in and out."""
-
-    family: str
-    nodes: list[fx.Node] = field(default_factory=list)
-    inputs: list[fx.Node] = field(default_factory=list)  # values read from outside
-    outputs: list[fx.Node] = field(default_factory=list)  # values used outside
-
-
-def _ancestors(graph: fx.Graph) -> dict[fx.Node, frozenset[fx.Node]]:
-    result: dict[fx.Node, frozenset[fx.Node]] = {}
-    for node in graph.nodes:
-        acc: set[fx.Node] = set()
-        for parent in node.all_input_nodes:
-            acc.add(parent)
-            acc |= result[parent]
-        result[node] = frozenset(acc)
-    return result
-
-
-def _contiguous(node: fx.Node) -> bool:
-    value = example_tensor(node)
-    return value is not None and value.is_contiguous()
-
-
-def _shape(node: fx.Node) -> tuple[int, ...] | None:
-    value = example_tensor(node)
-    return None if value is None else tuple(value.shape)
-
-
-def _dtype(node: fx.Node) -> torch.dtype | None:
-    value = example_tensor(node)
-    return None if value is None else value.dtype
-
-
-def _same_shape(a: fx.Node, b: fx.Node) -> bool:
-    return _shape(a) is not None and _shape(a) == _shape(b)
-
-
-def is_mutation(node: fx.Node) -> bool:
-    return node.op in ("call_function", "call_method") and op_info(node).inplace
-
-
 class _Grower:
     """Grows regions in graph order.
 
@@ -109,7 +75,7 @@ class _Grower:
 
     def __init__(self, graph: fx.Graph, claims: Sequence[set[fx.Node]] = ()) -> None:
         self.graph = graph
-        self.ancestors = _ancestors(graph)
+        self.ancestors = ancestors_of(graph)
         self.claim_of = {node: i for i, nodes in enumerate(claims) for node in nodes}
         self.claimed: dict[int, Region] = {}
         self.region_of: dict[fx.Node, Region] = {}
@@ -145,7 +111,7 @@ class _Grower:
         broadcasts the reduction back over what it reduced (`x / x.norm(dim=1, keepdim=True)`)
         is computed in the same pass."""
         return region.family == "reduction" and any(
-            _same_shape(node, p) for m in region.nodes
+            same_shape(node, p) for m in region.nodes
             if op_info(m).kind is OpKind.REDUCTION for p in m.all_input_nodes)
 
     def add_pointwise(self, node: fx.Node) -> None:
@@ -153,7 +119,7 @@ class _Grower:
             region = self._open(self.region_of.get(parent))
             if region is None or region.family not in _TAKES_EPILOGUE:
                 continue
-            if region.family != "pointwise" and not _same_shape(node, parent) and \
+            if region.family != "pointwise" and not same_shape(node, parent) and \
                     not self._reduced_shape(node, region):
                 continue
             if region.family == "matmul" and self._broadcasts_back(node, region):
@@ -187,7 +153,7 @@ class _Grower:
         reduction = self._reduction_of(region)
         if reduction is None or reduction not in self.ancestors[node]:
             return False
-        shape, reduced = _shape(node), _shape(reduction)
+        shape, reduced = shape_of(node), shape_of(reduction)
         return shape is None or reduced is None or math.prod(shape) > math.prod(reduced)
 
     def _reduction_of(self, region: Region) -> fx.Node | None:
@@ -205,12 +171,12 @@ class _Grower:
         region = self._open(self.region_of.get(source)) if isinstance(source, fx.Node) else None
         if region is None or region.family != "matmul":
             return None
-        shape, anchor = _shape(source), _shape(_anchor_of(region))
+        shape, anchor = shape_of(source), shape_of(_anchor_of(region))
         if shape is None or not anchor or math.prod(shape) != math.prod(anchor) or \
                 shape[-1] != anchor[-1]:
             return None
         if tile_norm(op_info(node).name, shape, node.args, node.kwargs,
-                     _dtype(source) or torch.float32) is None:
+                     dtype_of(source) or torch.float32) is None:
             return None
         inside = any(self.region_of.get(p) is region for p in node.all_input_nodes
                      if p is not source)
@@ -229,8 +195,8 @@ class _Grower:
         region = self._open(self.region_of.get(parents[0]))
         if region is None or region.family != "matmul":
             return None
-        dims, shape = reduced_dims(node), _shape(parents[0])
-        anchor = _shape(_anchor_of(region))
+        dims, shape = reduced_dims(node), shape_of(parents[0])
+        anchor = shape_of(_anchor_of(region))
         if dims is None or shape is None or anchor is None or not anchor:
             return None
         reduction = self._reduction_of(region)
@@ -243,20 +209,26 @@ class _Grower:
         same_tile = math.prod(shape) == math.prod(anchor) and shape[-1] == anchor[-1]
         return region if same_tile else None
 
-    def _joins_conv(self, node: fx.Node) -> Region | None:
-        """The open conv region whose values the reduction `node` reads: it joins it, so that
-        the kernels after the vendor convolution read its output once (`generators.compiler.
-        library`). One reduction a conv region: a second (a logsumexp over the channels of a
-        group norm's output) needs a kernel of its own, which the site after it gives."""
+    def _joins_reduced(self, node: fx.Node) -> Region | None:
+        """The open conv or reduction region whose values the reduction `node` reads, if it
+        joins it: a conv region without a reduction always (its kernels after the vendor
+        convolution read its output once: `generators.compiler.library`); one with a reduction,
+        or a reduction region, when `node` reads values of the size the region reduces (a group
+        norm's output, else written whole for `node`): the kernels keep the first reduction's
+        statistics and read its input again (`generators.compiler.program`)."""
         regions = {self._open(self.region_of.get(p)) for p in node.all_input_nodes}
-        convs = [r for r in regions if r is not None and r.family == "conv"]
-        if len(convs) != 1 or not self._convex_with(node, convs[0]):
+        found = [r for r in regions if r is not None and r.family in ("conv", "reduction")]
+        if len(found) != 1 or not self._convex_with(node, found[0]):
             return None
-        reduced = any(op_info(m).kind is OpKind.REDUCTION for m in convs[0].nodes)
-        return None if reduced else convs[0]
+        region = found[0]
+        read = [p for p in node.all_input_nodes if self.region_of.get(p) is region]
+        if region.family == "reduction":
+            return region if all(self._reduced_shape(p, region) for p in read) else None
+        return region if all(same_shape(p, region.nodes[0]) for p in read) or not any(
+            op_info(m).kind is OpKind.REDUCTION for m in region.nodes) else None
 
     def add_reduction(self, node: fx.Node) -> None:
-        fused = self._joins_matmul(node) or self._joins_conv(node)
+        fused = self._joins_matmul(node) or self._joins_reduced(node)
         if fused is not None:
             fused.nodes.append(node)
             self.region_of[node] = fused
@@ -272,9 +244,9 @@ class _Grower:
             members = set(prologue.nodes)
             # The row kernel applies the prologue per element of the reduced input; a value the
             # prologue makes that others also read (a residual stream) becomes a second output.
-            same_shape = all(_same_shape(m, parent) for m in prologue.nodes)
+            whole = all(same_shape(m, parent) for m in prologue.nodes)
             others = [p for p in node.all_input_nodes if p not in members]
-            if same_shape and not any(self._depends_on(p, prologue) for p in others):
+            if whole and not any(self._depends_on(p, prologue) for p in others):
                 for m in prologue.nodes:
                     self.region_of[m] = region
                 region.nodes[:0] = prologue.nodes
@@ -289,12 +261,12 @@ class _Grower:
         shape that nothing else reads moves."""
         epilogue = conv.nodes[1:]  # the conv anchors its region
         if any(op_info(m).kind is OpKind.REDUCTION for m in epilogue):
-            return  # the conv took a reduction of its own (`_joins_conv`): it keeps its values
+            return  # the conv took a reduction of its own (`_joins_reduced`): it keeps its values
         members = set(epilogue)
         if parent not in members or any(u not in members and u is not node
                                          for m in epilogue for u in m.users):
             return
-        if not all(_same_shape(m, conv.nodes[0]) for m in epilogue):
+        if not all(same_shape(m, conv.nodes[0]) for m in epilogue):
             return
         for m in epilogue:
             self.region_of[m] = region
@@ -321,10 +293,10 @@ class _Grower:
         if any(u not in members for m in prologue.nodes if m is not operand for u in m.users):
             return
         entries = {p for m in prologue.nodes for p in m.all_input_nodes if p not in members}
-        carried = _dtype(operand) is not None and any(
-            _same_shape(p, operand) and _dtype(p) == _dtype(operand) for p in entries)
+        carried = dtype_of(operand) is not None and any(
+            same_shape(p, operand) and dtype_of(p) == dtype_of(operand) for p in entries)
         others = [p for p in node.all_input_nodes if p is not operand]
-        if not carried or not all(_same_shape(m, operand) for m in prologue.nodes) or \
+        if not carried or not all(same_shape(m, operand) for m in prologue.nodes) or \
                 any(self._depends_on(p, prologue) for p in others):
             return
         for m in prologue.nodes:
@@ -371,19 +343,16 @@ class _Grower:
             self.region_of[node] = self.claimed[claim]
 
     def add_reshape(self, node: fx.Node, name: str) -> None:
-        """Carry a region through an order-preserving reshape, so its epilogue can follow.
-
-        `addmm(...).view(b, t, c) + residual` stays one region; a reshape nothing in the
-        region consumes is trimmed again at the end.
-        """
+        """Carry a region through an order-preserving reshape, so its epilogue can follow
+        (`addmm(...).view(b, t, c) + residual`); trimmed at the end if nothing in it reads it."""
         parents = node.all_input_nodes
-        picks = _picks(node)
-        if (name not in _ORDER_PRESERVING and not picks) or len(parents) != 1:
+        picked = picks(node)
+        if (name not in _ORDER_PRESERVING and not picked) or len(parents) != 1:
             return
         region = self._open(self.region_of.get(parents[0]))
         if region is None or region.family not in _TAKES_EPILOGUE:
             return
-        if picks or (_contiguous(parents[0]) and _contiguous(node)):
+        if picked or (contiguous(parents[0]) and contiguous(node)):
             region.nodes.append(node)
             self.region_of[node] = region
 
@@ -392,7 +361,7 @@ class _Grower:
             members = set(region.nodes)
             # A pick of a tuple-valued op stays: the region's output must be a tensor.
             dangling = [n for n in region.nodes if op_info(n).kind is OpKind.VIEW
-                        and not _picks(n) and not any(u in members for u in n.users)]
+                        and not picks(n) and not any(u in members for u in n.users)]
             if not dangling:
                 return
             for node in dangling:
@@ -416,35 +385,16 @@ def _row_norm_first(region: Region) -> bool:
             and all(op_info(m).kind is OpKind.POINTWISE for m in rest))
 
 
-def _picks(node: fx.Node) -> bool:
-    """Whether `node` picks one result of a tuple-valued op (max along a dim, say)."""
-    parents = node.all_input_nodes
-    return (node.op == "call_function" and node.target is operator.getitem and len(parents) == 1
-            and isinstance(parents[0].meta.get("example_value"), tuple | list))
-
-
-def _seal(region: Region, order: dict[fx.Node, int]) -> None:
-    region.nodes.sort(key=order.__getitem__)
-    members = set(region.nodes)
-    inputs: dict[fx.Node, None] = {}
-    for node in region.nodes:
-        for parent in node.all_input_nodes:
-            if parent not in members:
-                inputs.setdefault(parent)
-    region.inputs = list(inputs)
-    region.outputs = [n for n in region.nodes if any(u not in members for u in n.users)]
-
-
 def partition(graph: fx.Graph) -> list[Region]:
     """Spell operators one way, drop dead values, functionalize safe in-place ops, claim
     attention written out, then cut `graph` into regions (in graph order)."""
     operators_as_functions(graph)
     drop_dead_values(graph)
     functionalize_inplace(graph)
-    claims = claim_attention(graph, _ancestors(graph))
+    claims = claim_attention(graph, ancestors_of(graph))
     regions = _Grower(graph, claims).grow()
     order = {node: i for i, node in enumerate(graph.nodes)}
     for region in regions:
-        _seal(region, order)
+        seal(region, order)
     regions.sort(key=lambda r: order[r.nodes[0]])
     return regions

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch.fx as fx
 
-from .partition import Region, is_mutation
+from .regions import Region, is_mutation
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import torch
 import torch.fx as fx
 
 from .ops import op_info, qualified_function_name
-from .partition import Region
+from .regions import Region
 
 _INFIX = {
     operator.add: "+",

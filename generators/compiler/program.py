@@ -47,18 +47,32 @@ def _contains_reduction(value: Value, seen: set[int]) -> bool:
                                             for o in value.operands())
 
 
-def _cuts(graph: Graph, innermost: bool) -> list[Value]:
-    """The sources of the reductions that read other reductions: the outermost of them (a loss
-    averaging rows' log-softmaxes cuts at the rows' losses), or the innermost (a logsumexp over
-    the channels of a group norm's output cuts at that output, and its max and sum stay in one
-    kernel)."""
+# Where a site too tangled for one kernel is cut: at the sources of the outermost reductions that
+# read others, at the sources of the innermost of them, or at the innermost reductions' own
+# results (rows' statistics, read back by a kernel that recomputes what uses them).
+CUTS = ("outermost", "innermost", "reductions")
+
+
+def _cuts(graph: Graph, cut: str) -> list[Value]:
+    """Where `cut` says to cut `graph`: the sources of the outermost reductions that read others
+    (a loss averaging rows' log-softmaxes cuts at the rows' losses), the sources of the
+    innermost ones (a logsumexp over the channels of a group norm's output cuts at that
+    output, and its max and sum stay in one kernel), or the reductions those read (the group
+    norm's statistics: the next kernel reads the norm's input again and never its output)."""
     cuts: list[Value] = []
     outer = [v for v in graph.values() if isinstance(v, Reduce)
              and _contains_reduction(v.source, set())]
     within = {id(v) for o in outer for v in _operand_closure(o.source) if isinstance(v, Reduce)}
     ids = {id(o) for o in outer}
+    if cut == "reductions":
+        for reduction in outer:
+            for value in _operand_closure(reduction.source):
+                if (isinstance(value, Reduce) and id(value) not in ids
+                        and all(value is not c for c in cuts)):
+                    cuts.append(value)
+        return cuts
     for reduction in outer:
-        if innermost:
+        if cut == "innermost":
             chosen = not any(id(v) in ids for v in _operand_closure(reduction.source))
         else:
             chosen = id(reduction) not in within
@@ -116,23 +130,22 @@ def _contiguous(shape: tuple[int, ...]) -> list[int]:
 
 
 def plan_program(graph: Graph) -> Program:
-    """The site as the fewest kernels this splitting finds (cutting at the outermost reductions
-    that read others, or at the innermost), then the fewest bytes of buffers between them; or
-    Unsupported saying why not."""
+    """The site as the fewest kernels any of the CUTS finds, then the fewest bytes of buffers
+    between them; or Unsupported saying why not."""
     names = [f"in{v.index}" for v in graph.inputs]
     found: list[Program] = []
     reasons: list[Unsupported] = []
-    for innermost in (False, True):
+    for cut in CUTS:
         program = Program([], {})
         try:
             _plan_into(graph, names, [f"out{i}" for i in range(len(graph.outputs))], program,
-                       innermost)
+                       cut)
         except Unsupported as reason:
             reasons.append(reason)
             continue
         found.append(program)
         if len(program.steps) == 1:
-            break  # one kernel, no cut: the other cut has nothing to better
+            break  # one kernel, no cut: the other cuts have nothing to better
     if not found:
         raise reasons[0]
     return min(found, key=lambda p: (len(p.steps), sum(v.numel * v.dtype.itemsize
@@ -140,12 +153,12 @@ def plan_program(graph: Graph) -> Program:
 
 
 def _plan_into(graph: Graph, reads: list[str], writes: list[str], program: Program,
-               innermost: bool) -> None:
+               cut: str) -> None:
     try:
         program.steps.append(Step(plan(graph), reads, writes))
         return
     except Unsupported as reason:
-        cuts = _cuts(graph, innermost)
+        cuts = _cuts(graph, cut)
         if not cuts or len(program.steps) + 2 > MAX_KERNELS:
             raise reason
     temps = []
@@ -154,7 +167,7 @@ def _plan_into(graph: Graph, reads: list[str], writes: list[str], program: Progr
         program.buffers[name] = cut
         temps.append(name)
     first = Graph(list(graph.inputs), list(cuts), returns_tuple=len(cuts) > 1)
-    _plan_into(first, reads, temps, program, innermost)
+    _plan_into(first, reads, temps, program, cut)
     # Values a buffer already holds (one written for the cuts' own kernels) are read from it,
     # not computed again.
     held = {id(value): name for name, value in program.buffers.items()}
@@ -162,5 +175,4 @@ def _plan_into(graph: Graph, reads: list[str], writes: list[str], program: Progr
         if id(value) in held and held[id(value)] not in temps:
             cuts.append(value)
             temps.append(held[id(value)])
-    _plan_into(_replaced(graph, cuts, len(graph.inputs)), reads + temps, writes, program,
-               innermost)
+    _plan_into(_replaced(graph, cuts, len(graph.inputs)), reads + temps, writes, program, cut)
