@@ -31,6 +31,7 @@ from generators.triton.attention import AttentionConfig, attention_drafts, write
 from generators.triton.batch_norm import BatchNormConfig, write_batch_norm
 from generators.triton.group_norm import GroupNormConfig, write_group_norm
 from generators.triton.matmul import MatmulConfig, write_triton_matmul
+from generators.triton.matmul_anchor import pointwise_conv
 from generators.triton.program import compiled_drafts, write_compiled
 
 
@@ -87,7 +88,8 @@ def _batch_norm_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
 
 def _matmul_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
     # The matmul's own output: a site may have a prologue, or return only its rows reduced.
-    out = next(op.out for op in graph.ops if op.kind.value == "matmul")
+    out = next(op.out for op in graph.ops
+               if op.kind.value == "matmul" or pointwise_conv(graph, op))
     drafts = [(MatmulConfig(), "128×128×32 tiles, GROUP_M 8, 3 stages: a balanced start")]
     if out.dtype == torch.float32:
         drafts.insert(0, (MatmulConfig(num_warps=8, precision="tf32x3"),
@@ -106,6 +108,21 @@ def _matmul_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
         drafts.append((MatmulConfig(block_m=64, block_n=64, num_warps=4),
                        "small output: 64×64 tiles give every SM a program"))
     return drafts
+
+
+def _pointwise_conv_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
+    """A convolution by a 1×1 kernel as the matmul it is, its epilogue on the tiles: fp32 in
+    TF32, as cuDNN convolves fp32 by PyTorch's default; half precision as a matmul's."""
+    if not graph.ops or not pointwise_conv(graph, graph.ops[0]):
+        return []
+    out = graph.ops[0].out
+    if out.dtype != torch.float32:
+        return [d for d in _matmul_drafts(graph) if d[0].precision == "ieee"]
+    return [(MatmulConfig(num_warps=8, precision="tf32"),
+             "a 1×1 convolution is a matmul: fp32 in TF32 as cuDNN's, 128×128×32 tiles, the "
+             "epilogue on the tiles"),
+            (MatmulConfig(block_m=64, block_n=128, num_warps=4, precision="tf32"),
+             "64×128×32 tiles: twice the programs for short channel counts")]
 
 
 def _cuda_pointwise_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
@@ -176,8 +193,10 @@ WRITERS = (
     Writer("pointwise", "triton", write_compiled, Schedule, compiled_drafts),
     Writer("reduction", "triton", write_compiled, Schedule, compiled_drafts),
     Writer("matmul", "triton", write_triton_matmul, MatmulConfig, _matmul_drafts),
-    # A conv site's kernels: cuDNN's convolution, then what follows it (a depthwise one: all).
+    # A conv site's kernels: cuDNN's convolution, then what follows it (a depthwise one: all);
+    # a 1×1 one, the matmul's kernel with all that follows it on the tiles.
     Writer("conv", "triton", write_compiled, Schedule, compiled_drafts),
+    Writer("conv", "triton", write_triton_matmul, MatmulConfig, _pointwise_conv_drafts),
     Writer("attention", "triton", write_attention, AttentionConfig, attention_drafts),
     Writer("pointwise", "cuda", write_cuda_pointwise, CudaPointwiseConfig,
            _cuda_pointwise_drafts),

@@ -19,6 +19,7 @@ from generators.triton.attention import attention_drafts, write_attention
 from generators.triton.program import write_compiled
 from tests.kernel_checks import one_input_problem
 from tests.test_generator_attention import FORMS, attention_problem
+from tests.test_generator_conv import BN, write_problem
 from tests.test_generator_matmul_rows import write
 
 # Launches are recorded under the interpreter; on a GPU host the GPU tests compile for real.
@@ -70,6 +71,18 @@ def test_matmul_drafts_compile(body, dtype, tmp_path):
     problem = write(tmp_path / "problem.py", body, "r", "linear", {"m": 64, "n": 1100, "k": 64},
                     dtype)
     compile_drafts(rules_drafts(problem), problem, tmp_path)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_1x1_convolutions_matmul_drafts_compile(dtype, tmp_path):
+    problem = write_problem(tmp_path / "problem.py", "torch.nn.functional.conv2d(x, w)",
+                            [BN, "v + r", "torch.relu(v)"],
+                            {"x": "2, 64, 9, 9", "w": "96, 64, 1, 1", "mean": "96", "var": "96",
+                             "g": "96", "b": "96", "r": "2, 96, 9, 9"}, dtype)
+    drafts = RulesGenerator().propose(problem, None, n=8).children
+    sources = [d.source for d in drafts if d.settings["writer"] == "write_triton_matmul"]
+    assert sources, [d.settings for d in drafts]
+    compile_drafts(sources, problem, tmp_path)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -16,6 +16,7 @@ import torch
 
 from core.runtime.tile_norms import TILE_NORMS, TileNorm, tile_norm
 from generators.codegen import BROADCAST_SHAPE_HELPER, op_refs
+from generators.op_table import channel_aligned_inputs
 from generators.site_graph import Op, Ref, SiteGraph, Unsupported
 from generators.triton.expressions import elementwise, tl_dtype, with_jit_helpers
 from generators.triton.matmul_anchor import IDENTITY_VIEWS, SHAPE_VIEWS, prepare_operands, viewed
@@ -179,7 +180,7 @@ def fit_segments(config: MatmulConfig, norms: list[TileNorm]) -> MatmulConfig:
 def write_triton_matmul(graph: SiteGraph, config: MatmulConfig) -> str:
     """The ModelNew source computing `graph` (prologue, anchor matmul, epilogue) with one Triton
     kernel, and a second one combining the tiles where the site reduces the output's rows."""
-    if graph.family != "matmul":
+    if graph.family not in ("matmul", "conv"):
         raise Unsupported("the site is not a matmul site")
     top, anchor_op, prologue = split(graph)
     anchor = prepare_operands(graph, anchor_op)
@@ -194,18 +195,21 @@ def write_triton_matmul(graph: SiteGraph, config: MatmulConfig) -> str:
     stage: dict[Ref, str] = {Ref(top, False): "stage0"}
     stages = ["stage0 = torch.empty(shape, device='meta')"]
     value: dict[Ref, str] = {Ref(top, False): "v0"}
-    operands: dict[tuple[int, str], str] = {}  # (input index, stage) → operand name
+    operands: dict[tuple[int, str, bool], str] = {}  # (input, stage, channel) → its name
     operand_lines: list[str] = []
     loads: list[str] = []
     flags: list[str] = []  # per epilogue operand: which axis it is broadcast along
     body: list[str] = []
 
-    def load(ref: Ref, at: str) -> str:
-        key = (ref.index, at)
+    def load(ref: Ref, at: str, channel: bool = False) -> str:
+        """`ref` broadcast to stage `at` as [batch, M, N]: from its trailing dimensions, or
+        with `channel` along the stage's dimension 1 (a conv's bias, batch norm's statistics)."""
+        key = (ref.index, at, channel)
         if key not in operands:
             name = f"e{len(operands)}"
             operands[key] = name
-            operand_lines.append(f"{name} = {ref.name}.expand({at}.shape).reshape(batch, M, N)")
+            aligned = f"{ref.name}.view(-1, *[1] * ({at}.dim() - 2))" if channel else ref.name
+            operand_lines.append(f"{name} = {aligned}.expand({at}.shape).reshape(batch, M, N)")
             # A mask stays boolean; every other operand joins the fp32 chain.
             widen = ".to(tl.float32)" if graph.inputs[ref.index].dtype != torch.bool else ""
             loads.extend(_EPILOGUE_LOAD.format(name=name, flag=name.upper(), widen=widen)
@@ -216,14 +220,14 @@ def write_triton_matmul(graph: SiteGraph, config: MatmulConfig) -> str:
     side: dict[Ref, Op] = {}  # values of the site's inputs alone (a mask made from a buffer)
     side_names: set[str] = set()
 
-    def operand(ref: Ref, at: str) -> str:
+    def operand(ref: Ref, at: str, channel: bool = False) -> str:
         """An epilogue operand, broadcast to stage `at`: an input loaded there, or a value of
         inputs alone computed there from its own inputs loaded there."""
         if ref.is_input:
             kind = graph.inputs[ref.index].dtype
             if not (kind.is_floating_point or kind == torch.bool):
                 raise Unsupported(f"input {ref.name} is {kind}")
-            return load(ref, at)
+            return load(ref, at, channel)
         name = f"w{ref.index}_{at}"
         if name not in side_names:
             op = side[ref]
@@ -234,7 +238,7 @@ def write_triton_matmul(graph: SiteGraph, config: MatmulConfig) -> str:
 
     accumulate = "acc" if anchor.alpha == 1 else f"acc * {float(anchor.alpha)!r}"
     if anchor.bias is not None:
-        bias = load(anchor.bias, "stage0")
+        bias = load(anchor.bias, "stage0", anchor.channel_bias)
         scaled = bias if anchor.beta == 1 else f"{float(anchor.beta)!r} * {bias}"
         accumulate = f"{accumulate} + {scaled}"
     body.append(f"v0 = {accumulate}")
@@ -286,9 +290,10 @@ def write_triton_matmul(graph: SiteGraph, config: MatmulConfig) -> str:
             raise Unsupported(f"{op.name} is not elementwise")
         if tuple(op.out.shape) != tuple(graph.info(chain[0]).shape):
             raise Unsupported(f"{op.name} broadcasts the matmul's output to a larger shape")
+        channel = channel_aligned_inputs(op)
         for ref in op_refs(op):
             if ref.is_input or ref in side:
-                value[ref] = operand(ref, at)
+                value[ref] = operand(ref, at, ref in channel)
         body.append(f"v{i} = {elementwise(op, value)}")
         value[here], stage[here] = f"v{i}", at
 

@@ -1,5 +1,6 @@
 """How a matmul site's forward brings its anchor's operands to the kernel's
-[batch, M, K] @ [batch, K, N], for every anchor: linear, mm, bmm, addmm, baddbmm and matmul;
+[batch, M, K] @ [batch, K, N], for every anchor: linear, mm, bmm, addmm, baddbmm and matmul, and
+a convolution by a 1×1 kernel (each sample's positions times the weight's [out, in] matrix);
 and how it follows the views of the values after it (each a shape-only stage tensor)."""
 
 from __future__ import annotations
@@ -29,6 +30,32 @@ def _arg(op: Op, position: int, key: str, default: object = None) -> object:
     return op.kwarg(key, op.args[position] if position < len(op.args) else default)
 
 
+POINTWISE_CONVS = frozenset({"conv1d", "conv2d", "conv3d"})
+
+
+def _each(value: object, wanted: int) -> bool:
+    """Whether a convolution's setting (an int, or one a dimension) is `wanted` everywhere."""
+    values = value if isinstance(value, tuple | list) else (value,)
+    return all(type(v) is int and v == wanted for v in values)
+
+
+def pointwise_conv(graph: SiteGraph, op: Op) -> bool:
+    """Whether `op` convolves by a 1×1 kernel (1, or 1×1×1) with stride 1, no padding or
+    dilation and one group: each output position is the weight's [out, in] matrix times the
+    input's channels there, a matmul whose epilogue the tiles apply (cuDNN's convolution would
+    write its output whole for a second kernel to read)."""
+    if op.name not in POINTWISE_CONVS or len(op.args) < 2:
+        return False
+    weight = op.args[1]
+    if not (isinstance(weight, Ref) and weight.is_input):
+        return False
+    padding = _arg(op, 4, "padding", 0)
+    return (all(size == 1 for size in graph.inputs[weight.index].shape[2:])
+            and _each(_arg(op, 3, "stride", 1), 1) and _each(_arg(op, 5, "dilation", 1), 1)
+            and (padding in ("valid", "same") or _each(padding, 0))
+            and _arg(op, 6, "groups", 1) == 1)
+
+
 @dataclass
 class Anchor:
     """How forward brings the anchor's operands to [batch, M, K] @ [batch, K, N]."""
@@ -38,6 +65,7 @@ class Anchor:
     alpha: object
     beta: object
     needs_broadcast: bool = False
+    channel_bias: bool = False  # the bias varies along the output's dimension 1 (a conv's)
 
 
 def prepare_operands(graph: SiteGraph, op: Op) -> Anchor:
@@ -72,6 +100,15 @@ def prepare_operands(graph: SiteGraph, op: Op) -> Anchor:
                       bias, alpha, beta)
     if op.name == "matmul":
         return _matmul_anchor(graph, op)
+    if pointwise_conv(graph, op):
+        x, w = op.args[0], op.args[1]
+        # The weight's matrix shared by every sample (a batch stride of 0, nothing copied),
+        # each sample's channels × positions as it lies (NCHW or channels-last alike).
+        return Anchor([f"a = {w.name}.reshape({w.name}.shape[0], {w.name}.shape[1])"
+                       f".expand({x.name}.shape[0], -1, -1)",
+                       f"b = {x.name}.flatten(2)",
+                       f"shape = ({x.name}.shape[0], {w.name}.shape[0], *{x.name}.shape[2:])"],
+                      _arg(op, 2, "bias"), 1, 1, channel_bias=True)
     raise Unsupported(f"no matmul rule for {op.name}")
 
 
