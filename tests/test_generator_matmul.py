@@ -119,6 +119,22 @@ def test_bias_scale_and_residual_in_one_epilogue(tmp_path):
     assert source.count("_BROADCAST=1 if") == 3
 
 
+def test_batch_norm_of_a_batched_output_takes_its_statistics_along_dimension_1(tmp_path):
+    """Batch norm's statistics broadcast along the output's dimension 1 (here 7 rows of each
+    matrix), not along its last (9 columns), as a bias would."""
+    path = tmp_path / "problem.py"
+    path.write_text(
+        "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
+        "    def forward(self, x, w, mean, var, g, b):\n"
+        "        v = torch.matmul(x, w)\n"
+        "        return torch.nn.functional.batch_norm(v, mean, var, g, b, False, 0.1, 1e-5)\n\n\n"
+        "def get_inputs():\n    return [torch.randn(3, 7, 11), torch.randn(11, 9), "
+        "torch.randn(7), torch.rand(7) + 0.5, torch.randn(7), torch.randn(7)]\n\n\n"
+        "def get_init_inputs():\n    return []\n")
+    source = check(path, SMALL)
+    assert source.count(".view(-1, *[1] * (stage0.dim() - 2))") == 4
+
+
 def test_masks_from_buffers_and_boolean_masks_in_the_epilogue(tmp_path):
     # A causal mask made inside the site from a float buffer, as GPT-style blocks write it, and
     # a boolean mask given as an input, broadcast over the batch.
