@@ -12,6 +12,7 @@ import torch
 
 from core.evaluate import EvalConfig, evaluate
 from generators.compiler.schedule import Schedule
+from generators.rules import RulesGenerator
 from generators.site_graph import Unsupported, load_site_graph
 from generators.triton.program import write_compiled
 from tests.kernel_checks import assert_matches, run_beside_problem
@@ -190,3 +191,17 @@ def test_a_reduction_over_a_norms_output_writes_its_statistics_not_the_output(
     verdict = evaluate(path, source, EvalConfig(device="cpu", time=False))
     assert verdict.correct, verdict.reason
     assert verdict.library_ops == ["aten.convolution"] and verdict.kernel_launches == 2
+
+
+@pytest.mark.gpu
+def test_a_mean_over_a_conv_norms_output_is_accepted_on_gpu(tmp_path):
+    # Level 2's 23 at a quarter of its batch.
+    path = write_problem(
+        tmp_path / "problem.py", "torch.nn.functional.conv3d(x, w, cb)",
+        ["torch.nn.functional.group_norm(v, 8, g, b)", "v.mean(dim=[1, 2, 3, 4])"],
+        {"x": "32, 3, 24, 32, 32", "w": "24, 3, 3, 3, 3", "cb": "24", "g": "24", "b": "24"},
+        torch.float32)
+    for draft in RulesGenerator().propose(path, None, 6, ("triton", "cuda")).children:
+        verdict = evaluate(path, draft.source, EvalConfig(device="cuda"))
+        assert verdict.correct, f"{draft.settings}: {verdict.reason}"
+        assert verdict.library_ops == ["aten.convolution"]

@@ -90,3 +90,17 @@ def test_the_rules_draft_fp32_in_tf32_as_cudnn_convolves_it(tmp_path):
     assert 'input_precision="tf32"' in matmuls[0].source
     verdict = evaluate(path, matmuls[0].source, EvalConfig(device="cpu", time=False))
     assert verdict.correct, verdict.reason
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_resnet_bottleneck_projection_is_accepted_on_gpu(dtype, tmp_path):
+    path = write_problem(
+        tmp_path / "problem.py", "torch.nn.functional.conv2d(x, w)", [BN, "v + r", "torch.relu(v)"],
+        {"x": "32, 64, 56, 56", "w": "256, 64, 1, 1", "mean": "256", "var": "256", "g": "256",
+         "b": "256", "r": "32, 256, 56, 56"}, dtype)
+    drafts = RulesGenerator().propose(path, None, 8).children
+    for draft in (d for d in drafts if d.settings["writer"] == "write_triton_matmul"):
+        verdict = evaluate(path, draft.source, EvalConfig(device="cuda"))
+        assert verdict.correct, f"{draft.settings}: {verdict.reason}"
+        assert verdict.library_ops == [] and verdict.kernel_launches == 1
