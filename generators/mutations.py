@@ -20,7 +20,7 @@ from core.evaluate.diagnosis import (
     UNCOALESCED,
     diagnosis_code,
 )
-from generators.compiler.library import LAYOUTS
+from generators.compiler.library import CONVOLUTIONS
 
 # Ladders are powers of two because Triton block sizes must be; warps beyond 16 are not
 # allowed and stages beyond 5 only add shared memory on Hopper.
@@ -51,9 +51,9 @@ LADDERS: dict[str, tuple[int | bool | str, ...]] = {
     "keep_row": (False, True),
     # tf32 alone is no rung: it changes the answer, and is for runs that allow it.
     "precision": ("ieee", "tf32x3"),
-    "library_layout": LAYOUTS,
+    "library_layout": CONVOLUTIONS,
 }
-WHY_UP: dict[str, str] = {
+WHY_UP: dict[str, str | dict[object, str]] = {
     "block": "more elements per program, fewer programs to schedule",
     "num_warps": "more warps to hide memory latency",
     "num_stages": "deeper pipelining of loads",
@@ -84,10 +84,13 @@ WHY_UP: dict[str, str] = {
     "keep_row": "a row's inputs kept on chip from its first walk: later walks read no memory",
     "precision": "fp32 products as three tf32 tensor-core products: fp32's accuracy at several "
                  "times the speed of fp32 arithmetic",
-    "library_layout": "the convolution on channels-last input: cuDNN's NHWC kernels, and its "
-                      "output read along the channels",
+    "library_layout": {
+        "channels_last": "the convolution on channels-last input: cuDNN's NHWC kernels, and its "
+                         "output read along the channels",
+        "gemm": "the convolution as Kiln's implicit GEMM in Triton: tiles of all the output "
+                "channels, for few input channels, where cuDNN is far from its floors"},
 }
-WHY_DOWN: dict[str, str] = {
+WHY_DOWN: dict[str, str | dict[object, str]] = {
     "block": "smaller blocks, more programs to fill every SM",
     "num_warps": "fewer warps, more registers each",
     "num_stages": "less shared memory, more occupancy",
@@ -117,8 +120,10 @@ WHY_DOWN: dict[str, str] = {
     "keep_row": "a row's walks read memory again: no shared memory or registers held, more "
                 "blocks an SM",
     "precision": "exact fp32 products on the CUDA cores: no split operands held in registers",
-    "library_layout": "the convolution on its input as given: no conversion, its output laid "
-                      "out as the site's",
+    "library_layout": {
+        "": "the convolution on its input as given: no conversion, its output laid out as the "
+            "site's",
+        "channels_last": "the convolution by cuDNN again, on channels-last input"},
 }
 
 
@@ -173,8 +178,10 @@ def neighbours(settings: object) -> list[Step]:
         for offset, why in ((1, WHY_UP), (-1, WHY_DOWN)):
             if 0 <= rung + offset < len(ladder):
                 value = ladder[rung + offset]
+                reason = why[knob.name]  # one for the knob, or one for each value it moves to
+                reason = reason[value] if isinstance(reason, dict) else reason
                 steps.append(Step(replace(settings, **{knob.name: value}),
-                                  f"{knob.name} {current}→{value}: {why[knob.name]}",
+                                  f"{knob.name} {current}→{value}: {reason}",
                                   knob.name, offset))
     return steps
 

@@ -16,7 +16,7 @@ from generators.compiler.schedule import Schedule
 from generators.rules import RulesGenerator
 from generators.site_graph import load_site_graph
 from generators.triton.attention import attention_drafts, write_attention
-from generators.triton.program import write_compiled
+from generators.triton.program import compiled_drafts, write_compiled
 from tests.kernel_checks import one_input_problem
 from tests.test_generator_attention import FORMS, attention_problem
 from tests.test_generator_conv import BN, write_problem
@@ -82,6 +82,20 @@ def test_a_1x1_convolutions_matmul_drafts_compile(dtype, tmp_path):
     drafts = RulesGenerator().propose(problem, None, n=8).children
     sources = [d.source for d in drafts if d.settings["writer"] == "write_triton_matmul"]
     assert sources, [d.settings for d in drafts]
+    compile_drafts(sources, problem, tmp_path)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kilns_own_convolution_compiles(dtype, tmp_path):
+    problem = write_problem(tmp_path / "problem.py", "torch.nn.functional.conv3d(x, w, cb)",
+                            ["torch.nn.functional.group_norm(v, 2, g, b)",
+                             "v.mean(dim=[1, 2, 3, 4])"],
+                            {"x": "2, 3, 6, 7, 5", "w": "24, 3, 3, 3, 3", "cb": "24", "g": "24",
+                             "b": "24"}, dtype)
+    graph = load_site_graph(problem)
+    sources = [write_compiled(graph, schedule) for schedule, _ in compiled_drafts(graph)
+               if schedule.library_layout == "gemm"][:2]
+    assert sources
     compile_drafts(sources, problem, tmp_path)
 
 

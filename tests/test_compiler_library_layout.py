@@ -78,10 +78,10 @@ def test_a_site_without_a_library_call_takes_no_library_layout(tmp_path):
                     "def get_init_inputs():\n    return []\n")
     graph = load_site_graph(path)
     assert all(not s.library_layout for s, _ in compiled_drafts(graph))
-    with pytest.raises(Unsupported, match="channels_last layout for the library's calls, in a "
-                                          "site that makes none"):
+    with pytest.raises(Unsupported, match="a convolution by 'channels_last', in a site that "
+                                          "makes none"):
         program_of(graph, CHANNELS_LAST)
-    with pytest.raises(Unsupported, match="a library layout 'nhwc'"):
+    with pytest.raises(Unsupported, match="a convolution by 'nhwc'"):
         write_compiled(graph, Schedule(library_layout="nhwc"))
 
 

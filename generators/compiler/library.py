@@ -10,7 +10,8 @@ Where the schedule asks for it (`Schedule.library_layout`), the convolution take
 channels-last, whatever layout the site was given: cuDNN's NHWC kernels ran every convolution of
 the development set's level 2 in 0.58-0.73 of its NCHW time, the input's conversion included
 for most (bench/NOTES.md, 2026-12-07, 12:47-). Its output is then channels-last too, which the
-kernels after it read along its channels.
+kernels after it read along its channels. Or the schedule asks for Kiln's own convolution
+("gemm", an implicit GEMM in Triton: `generators.triton.conv_gemm`), its output contiguous.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ import torch
 from generators.compiler.ir import Elementwise, Input, Value, View
 from generators.site_graph import Unsupported, constant_source
 
-LAYOUTS = ("", "channels_last")  # as the site's input is laid out, or channels-last
+# How a site's convolution is computed: cuDNN on its input as laid out, cuDNN on channels-last
+# input, or Kiln's implicit GEMM (Triton candidates only).
+CONVOLUTIONS = ("", "channels_last", "gemm")
 _CHANNELS_LAST = {4: torch.channels_last, 5: torch.channels_last_3d}  # by rank
 # The torch.nn.functional call of a convolution: (transposed, windowed dimensions) -> name.
 _CALLS = {(False, 1): "conv1d", (False, 2): "conv2d", (False, 3): "conv3d",
@@ -38,6 +41,8 @@ def output_stride(shape: tuple[int, ...], operands: list[Input], layout: str = "
     """The layout torch gives a convolution's output: channels-last where the call converts its
     input to it (`layout`) or where its input or weight is (as cuDNN's suggested memory format
     has it; tracing on meta tensors says contiguous), else contiguous."""
+    if layout == "gemm":
+        return tuple(torch.empty(shape, device="meta").stride())
     memory_format = channels_last(len(shape)) if layout else _CHANNELS_LAST.get(len(shape))
     laid = [torch.empty_strided(o.shape, o.stride, device="meta") for o in operands[:2]]
     if memory_format is not None and (layout or any(
@@ -65,11 +70,19 @@ def convolution_call(source: Input, weight: Input, arguments: tuple, layout: str
     dims = len(weight.shape) - 2
     if (bool(transposed), dims) not in _CALLS:
         raise Unsupported(f"a convolution over {dims} dimensions")
+    if layout == "gemm":
+        if transposed or groups != 1:
+            raise Unsupported("Kiln's own convolution of a transposed or grouped one (cuDNN's)")
+        if source.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise Unsupported(f"Kiln's own convolution of {source.dtype}: it takes floats")
+        settings = ", ".join(_setting([int(v) for v in s]) for s in (stride, padding, dilation))
+        # `_convolve` is defined beside the kernels (`generators.triton.conv_gemm`).
+        return f"_convolve(in{source.index}, in{weight.index}, {settings})"
     name = _CALLS[(bool(transposed), dims)]
     settings = ([stride, padding, output_padding, groups, dilation] if transposed
                 else [stride, padding, dilation, groups])
     given = f"in{source.index}"
-    if layout:
+    if layout == "channels_last":
         given += f".contiguous(memory_format={channels_last(len(source.shape))})"
     return (f"torch.nn.functional.{name}({given}, in{weight.index}, None, "
             + ", ".join(_setting(s) for s in settings) + ")")

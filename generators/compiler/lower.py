@@ -31,7 +31,7 @@ from generators.compiler.ir import (
     Value,
     View,
 )
-from generators.compiler.library import LAYOUTS, LibraryLowering
+from generators.compiler.library import CONVOLUTIONS, LibraryLowering
 from generators.compiler.windows import WindowLowering, argument
 from generators.op_table import ELEMENTWISE_OPS
 from generators.site_graph import Unsupported
@@ -81,8 +81,8 @@ def trace(model: torch.nn.Module, inputs: list[object]) -> fx.GraphModule:
 
 
 def lower_problem(problem: Path, library_layout: str = "") -> Graph:
-    """The site problem at `problem` as IR; `library_layout`: the layout the vendor library's
-    calls take their input in (`generators.compiler.library`)."""
+    """The site problem at `problem` as IR; `library_layout`: how its convolution is computed
+    (`generators.compiler.library.CONVOLUTIONS`)."""
     from core.runtime.problem_loader import load_problem
 
     loaded = load_problem(problem, captured=False)
@@ -366,9 +366,9 @@ class _Lowering(LibraryLowering, WindowLowering):
 
 def lower(gm: fx.GraphModule, library_layout: str = "") -> Graph:
     """The traced site as IR; its outputs in return order."""
-    if library_layout not in LAYOUTS:
-        raise Unsupported(f"a library layout {library_layout!r} (known: "
-                          f"{', '.join(map(repr, LAYOUTS))})")
+    if library_layout not in CONVOLUTIONS:
+        raise Unsupported(f"a convolution by {library_layout!r} (known: "
+                          f"{', '.join(map(repr, CONVOLUTIONS))})")
     lowering = _Lowering(gm, library_layout)
     (output,) = [n for n in gm.graph.nodes if n.op == "output"]
     returned = output.args[0]
@@ -381,6 +381,5 @@ def lower(gm: fx.GraphModule, library_layout: str = "") -> Graph:
             raise Unsupported("the site returns the library's output as it is (a convolution "
                               "with no bias and nothing after it): nothing for a kernel to do")
     if library_layout and not any(v.call for v in lowering.inputs):
-        raise Unsupported(f"a {library_layout} layout for the library's calls, in a site that "
-                          "makes none")
+        raise Unsupported(f"a convolution by {library_layout!r}, in a site that makes none")
     return Graph(lowering.inputs, values, returns_tuple=many and len(values) > 1)

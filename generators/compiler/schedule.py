@@ -91,8 +91,9 @@ class Schedule:
     # Consecutive columns a thread takes at a time in a row's walks, loaded and stored as one
     # vector where an input or output lies along them (CUDA); 1: a column at a time.
     vector: int = 1
-    # The layout the vendor library's calls take their input in (`generators.compiler.library`):
-    # "" as the site's input is laid out, or "channels_last". It changes the kernels' program.
+    # How the site's convolution is computed (`generators.compiler.library.CONVOLUTIONS`): cuDNN
+    # on its input as laid out (""), cuDNN on "channels_last" input, or Kiln's implicit GEMM
+    # ("gemm", Triton). It changes the kernels' program.
     library_layout: str = ""
 
     def describe(self) -> str:
@@ -108,7 +109,8 @@ class Schedule:
                 + (f", each row's inputs kept in {HELD_IN[self.held]} between its walks"
                    if self.keep_row else "")
                 + (f", {self.vector} columns a thread at a time" if self.vector > 1 else "")
-                + (f", the library's convolution on {self.library_layout.replace('_', '-')} "
+                + (", the convolution as Kiln's implicit GEMM" if self.library_layout == "gemm"
+                   else f", the library's convolution on {self.library_layout.replace('_', '-')} "
                    "input" if self.library_layout else ""))
 
     def fitted(self, kernel: Kernel) -> Schedule:

@@ -99,5 +99,8 @@ def write_cuda_program(program: Program, schedule: Schedule, ops: str) -> str:
 
 def write_cuda_compiled(graph: SiteGraph, schedule: Schedule) -> str:
     """The rules' CUDA writer for any pointwise or reduction site the compiler plans."""
+    if schedule.library_layout == "gemm":
+        raise Unsupported("Kiln's own convolution is a Triton kernel: the CUDA tier's kernels "
+                          "follow cuDNN's")
     return write_cuda_program(program_of(graph, schedule.library_layout), schedule,
                               " → ".join(op.name for op in graph.ops))

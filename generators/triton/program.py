@@ -12,6 +12,7 @@ from generators.compiler.schedule import Schedule
 from generators.compiler.site import program_of
 from generators.site_graph import SiteGraph, Unsupported
 from generators.triton.compiled import KernelWriter
+from generators.triton.conv_gemm import CONVOLVE_SOURCE
 from generators.triton.expressions import with_jit_helpers
 from generators.triton.values import helpers_for
 
@@ -64,6 +65,8 @@ def write_program(program: Program, schedule: Schedule, ops: str) -> str:
             f"num_warps={chosen.num_warps})")
     source = with_jit_helpers("import triton.language as tl\n" + "\n\n".join(kernels))
     source = source.removeprefix("import triton.language as tl\n")
+    if schedule.library_layout == "gemm":
+        source += CONVOLVE_SOURCE
     return _SOURCE.format(
         ops=ops, schedule=forward.schedule.describe(),
         helpers=helpers_for(source),
@@ -81,10 +84,11 @@ def write_compiled(graph: SiteGraph, schedule: Schedule) -> str:
 def compiled_drafts(graph: SiteGraph) -> list[tuple[Schedule, str]]:
     """The schedules to try first (for the site's largest kernel); where the compiler cannot
     plan the site, one default whose writing says why. A site calling the vendor library
-    (a convolution) has each draft followed by its twin with the library's input
-    channels-last, which cuDNN convolved faster in each conv of the development set
-    (`generators.compiler.library`); the kernels after it ranked no better so far, on the
-    three sites timed (bench/NOTES.md, 2026-12-07, 12:47-)."""
+    (a convolution) has each draft followed by its twins with the library's input
+    channels-last, which cuDNN convolved faster in each conv of the development set, and with
+    Kiln's own convolution (`generators.compiler.library`); the kernels after cuDNN's
+    channels-last output ranked no better so far, on the three sites timed (bench/NOTES.md,
+    2026-12-07, 12:47-)."""
     try:
         program = program_of(graph)
     except Unsupported:
@@ -92,10 +96,14 @@ def compiled_drafts(graph: SiteGraph) -> list[tuple[Schedule, str]]:
     given = schedule_drafts(program)
     if not program.calls_library:
         return given
-    try:
-        laid = schedule_drafts(program_of(graph, "channels_last"))
-    except Unsupported:
-        return given
-    twins = [(replace(schedule, library_layout="channels_last"),
-              f"{why}; the convolution on channels-last input") for schedule, why in laid]
-    return [draft for pair in zip_longest(given, twins) for draft in pair if draft is not None]
+    twins = []
+    for way, why in (("channels_last", "the convolution on channels-last input"),
+                     ("gemm", "the convolution as Kiln's implicit GEMM")):
+        try:
+            laid = schedule_drafts(program_of(graph, way))
+        except Unsupported:
+            continue
+        twins.append([(replace(schedule, library_layout=way), f"{why_first}; {why}")
+                      for schedule, why_first in laid])
+    return [draft for drafts in zip_longest(given, *twins) for draft in drafts
+            if draft is not None]
