@@ -122,7 +122,10 @@ def _pointwise_conv_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
              "a 1×1 convolution is a matmul: fp32 in TF32 as cuDNN's, 128×128×32 tiles, the "
              "epilogue on the tiles"),
             (MatmulConfig(block_m=64, block_n=128, num_warps=4, precision="tf32"),
-             "64×128×32 tiles: twice the programs for short channel counts")]
+             "64×128×32 tiles: twice the programs for short channel counts"),
+            (MatmulConfig(num_warps=8, precision="tf32x3"),
+             "fp32's accuracy as three TF32 products, for a norm after it that magnifies TF32's "
+             "rounding")]
 
 
 def _cuda_pointwise_drafts(graph: SiteGraph) -> list[tuple[object, str]]:

@@ -93,7 +93,8 @@ def _convolve(x, w, stride, padding, dilation):
         # The Triton interpreter (CPU tensors) multiplies bf16 wrongly: widen to fp32 there.
         WIDEN=x.device.type != "cuda",
         BLOCK_M=block_m, BLOCK_N=128, BLOCK_K=32 if weights.shape[1] > 16 else 16,
-        num_warps=4, num_stages=3,
+        # A warp for each 2048 values of the accumulator: 64 of them a thread.
+        num_warps=max(4, block_m * 128 // 2048), num_stages=3,
     )
     return out
 '''
