@@ -7,7 +7,12 @@ import pytest
 import torch
 
 from core.evaluate.correctness import compare_outputs
+from core.profile.roofline import GpuPeaks
+from core.profile.sites import find_sites, write_site_folder
+from core.runtime.capture import capture
+from core.runtime.guarded import SiteKernel
 from core.runtime.install import install
+from generators.rules import RulesGenerator
 from tests import models
 from tests.test_install import site_kernels
 
@@ -70,6 +75,30 @@ def test_triton_kernels_are_traced_and_launched_by_inductor(factory, tmp_path):
     # some), so a run makes at least one call per kernel and the second run as many as the first.
     assert first_run >= len(kernels), installed.stats()
     assert kernel_calls(installed) == 2 * first_run, installed.stats()
+
+
+def test_kilns_own_convolutions_are_traced_into_inductor(tmp_path):
+    """Each conv site's draft with Kiln's own convolution (`generators.triton.conv_gemm`): its
+    launcher and kernel go into inductor's graph like any Triton kernel, and stay right."""
+    model, inputs = on_gpu(models.make_resnet)
+    kernels = []
+    for site in find_sites(capture(model, inputs, CUDA), GpuPeaks()).sites:
+        problem = write_site_folder(site, tmp_path, max_input_bytes=0) / "problem.py"
+        own = [d for d in RulesGenerator().propose(problem, None, 12).children
+               if d.settings.get("library_layout") == "gemm"]
+        if own:
+            kernels.append(SiteKernel(site.key, own[0].source, problem.read_text()))
+    assert kernels, "no conv site drafted Kiln's convolution"
+    torch._dynamo.reset()
+    installed = install(model, kernels, rest="inductor")
+    with torch.inference_mode():
+        expected = model(*inputs)
+        actual = installed(*inputs)
+        torch.cuda.synchronize()
+    comparison = compare_outputs(actual, expected, {torch.float32: ("tf32", 3e-4)})
+    assert comparison.mismatch is None, comparison.mismatch.message
+    assert installed.untraceable == {}, installed.untraceable
+    assert kernel_calls(installed) >= len(kernels), installed.stats()
 
 
 def kernel_calls(installed) -> int:
