@@ -146,10 +146,13 @@ NORM_CASES = [
     # statistics in the channel loop are the loop's channel's, not the row's.
     Case("x, w, b", "torch.logsumexp(x + F.group_norm(x, 6, w, b), dim=1, keepdim=True)",
          "torch.randn(3, 6, 4, 5), torch.randn(6), torch.randn(6)"),
-    # The same over groups of two channels: the norm's output into a buffer, then the
-    # logsumexp's max and sum in one kernel.
+    # The same over groups of two channels: the norm's statistics into buffers, then the
+    # logsumexp's max and sum in one kernel reading the input again.
     Case("x, w, b", "torch.logsumexp(x + torch.tanh(F.group_norm(x, 3, w, b)), dim=1, "
                     "keepdim=True)", "torch.randn(2, 6, 4, 5), torch.randn(6), torch.randn(6)"),
+    # The tokens' mean of a layer norm's activated output: each token's statistics, then the
+    # mean over the tokens recomputing the norm.
+    Case("x", "torch.relu(F.layer_norm(x, (7,))).mean(dim=1)", "torch.randn(3, 5, 7)"),
 ]
 LOSS_CASES = [
     Case("p, t", "torch.mean((p - t) ** 2)", "torch.randn(13, 17), torch.randn(13, 17)"),

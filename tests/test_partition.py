@@ -224,6 +224,19 @@ def test_a_conv_takes_a_second_reduction_only_over_values_of_its_outputs_size():
     assert not any(family == "reduction" and "logsumexp" in ops for family, ops in found)
 
 
+def test_a_reduction_over_a_norms_output_joins_the_norm():
+    class Model(nn.Module):
+        def forward(self, x):
+            normed = torch.relu(F.layer_norm(x, (16,)))
+            # The tokens' mean of the normed values: in the norm's site, whose output is then
+            # never written whole; the max of that mean is over a reduced value, a site apart.
+            pooled = normed.mean(dim=1)
+            return pooled, pooled.amax(dim=-1)
+
+    found = ops_by_family(sites_of(Model(), torch.randn(2, 5, 16)))
+    assert found == {("reduction", ("layer_norm", "relu", "mean")), ("reduction", ("amax",))}
+
+
 def test_matmul_takes_a_norm_of_its_operands_rows_that_only_it_reads():
     class Model(nn.Module):
         def __init__(self):
