@@ -85,13 +85,15 @@ def test_a_1x1_convolutions_matmul_drafts_compile(dtype, tmp_path):
     compile_drafts(sources, problem, tmp_path)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_kilns_own_convolution_compiles(dtype, tmp_path):
+@pytest.mark.parametrize("dtype,channels", [(torch.float32, 3), (torch.bfloat16, 3),
+                                            (torch.float32, 16)])
+def test_kilns_own_convolution_compiles(dtype, channels, tmp_path):
+    # A window of 81 (fp32 as three TF32 products) and of 432 (as one).
     problem = write_problem(tmp_path / "problem.py", "torch.nn.functional.conv3d(x, w, cb)",
                             ["torch.nn.functional.group_norm(v, 2, g, b)",
                              "v.mean(dim=[1, 2, 3, 4])"],
-                            {"x": "2, 3, 6, 7, 5", "w": "24, 3, 3, 3, 3", "cb": "24", "g": "24",
-                             "b": "24"}, dtype)
+                            {"x": f"2, {channels}, 6, 7, 5", "w": f"24, {channels}, 3, 3, 3",
+                             "cb": "24", "g": "24", "b": "24"}, dtype)
     graph = load_site_graph(problem)
     sources = [write_compiled(graph, schedule) for schedule, _ in compiled_drafts(graph)
                if schedule.library_layout == "gemm"][:2]

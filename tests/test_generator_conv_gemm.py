@@ -26,6 +26,9 @@ CONVS = {
                        {"x": "2, 3, 6, 7, 5", "w": "17, 3, 3, 3, 3", "cb": "17"}),
     "conv3d strided": ("torch.nn.functional.conv3d(x, w, None, 2)",
                        {"x": "1, 2, 7, 6, 9", "w": "4, 2, 3, 2, 3"}),
+    # A window of 144 (channels in x kernel): fp32 as one TF32 product, not three.
+    "conv2d long window": ("torch.nn.functional.conv2d(x, w, cb, 1, 1)",
+                           {"x": "1, 16, 5, 6", "w": "5, 16, 3, 3", "cb": "5"}),
     # A sequence, strided and padded; a window of 25 (channels in x kernel) past one dot step.
     "conv1d": ("torch.nn.functional.conv1d(x, w, cb, 2, 2)",
                {"x": "2, 5, 13", "w": "4, 5, 5", "cb": "4"}),

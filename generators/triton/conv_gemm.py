@@ -4,7 +4,8 @@
 Each program computes a tile of BLOCK_M output channels × BLOCK_N output positions of one
 sample: the weight as a [channels out, channels in × kernel window] matrix, times the input's
 values gathered at each position's window (the padding read as zeros), accumulated in fp32 by
-tensor-core dots over the window in steps of BLOCK_K. It writes the output contiguous, as the
+tensor-core dots over the window in steps of BLOCK_K (fp32 as three TF32 products for short
+windows, one for long ones). It writes the output contiguous, as the
 planned kernels after it read it. cuDNN was far from both of its floors where a convolution has
 few input channels (level 2's 3-channel Conv3d took nine times what its output's bytes take:
 bench/NOTES.md, 2026-12-07, 18:06- and 20:29-); there a tile's window is a few steps of one dot.
@@ -21,7 +22,7 @@ def _conv_gemm_kernel(
     D_IN, H_IN, W_IN, H_OUT, W_OUT,
     SD, SH, SW, PD, PH, PW, DD, DH, DW,
     K: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, KD: tl.constexpr,
-    FP32: tl.constexpr, WIDEN: tl.constexpr,
+    PRODUCTS: tl.constexpr, WIDEN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     # One sample a grid row; its positions' tiles sweep each block of output channels.
@@ -53,8 +54,10 @@ def _conv_gemm_kernel(
         if WIDEN:
             a = a.to(tl.float32)
             b = b.to(tl.float32)
-        if FP32:  # fp32's accuracy as three TF32 products: a norm after the convolution
-            acc = tl.dot(a, b, acc, input_precision="tf32x3")  # magnifies TF32's rounding
+        if PRODUCTS == 3:
+            acc = tl.dot(a, b, acc, input_precision="tf32x3")
+        elif PRODUCTS == 1:
+            acc = tl.dot(a, b, acc, input_precision="tf32")
         else:
             acc = tl.dot(a, b, acc)
     mask = (rows < C_OUT)[:, None] & (cols < P)[None, :]
@@ -89,7 +92,10 @@ def _convolve(x, w, stride, padding, dilation):
         x.stride(0), x.stride(1), *strides,
         *size, out_size[1], out_size[2], *steps, *pads, *gaps,
         K=weights.shape[1], KH=window[1], KW=window[2], KD=window[0],
-        FP32=x.dtype == torch.float32,
+        # fp32 as three TF32 products where the window is short (the products cost little
+        # beside the output's bytes, and a norm after the convolution magnifies TF32's
+        # rounding), as one where it is long, as cuDNN multiplies fp32; half precision as is.
+        PRODUCTS=(3 if weights.shape[1] <= 128 else 1) if x.dtype == torch.float32 else 0,
         # The Triton interpreter (CPU tensors) multiplies bf16 wrongly: widen to fp32 there.
         WIDEN=x.device.type != "cuda",
         BLOCK_M=block_m, BLOCK_N=128, BLOCK_K=32 if weights.shape[1] > 16 else 16,
