@@ -19,7 +19,7 @@ from generators.triton.attention import attention_drafts, write_attention
 from generators.triton.program import compiled_drafts, write_compiled
 from tests.kernel_checks import one_input_problem
 from tests.test_generator_attention import FORMS, attention_problem
-from tests.test_generator_conv import BN, write_problem
+from tests.test_generator_conv import BN, norm_mean_problem, write_problem
 from tests.test_generator_matmul_rows import write
 
 # Launches are recorded under the interpreter; on a GPU host the GPU tests compile for real.
@@ -89,11 +89,7 @@ def test_a_1x1_convolutions_matmul_drafts_compile(dtype, tmp_path):
                                             (torch.float32, 16)])
 def test_kilns_own_convolution_compiles(dtype, channels, tmp_path):
     # A window of 81 (fp32 as three TF32 products) and of 432 (as one).
-    problem = write_problem(tmp_path / "problem.py", "torch.nn.functional.conv3d(x, w, cb)",
-                            ["torch.nn.functional.group_norm(v, 2, g, b)",
-                             "v.mean(dim=[1, 2, 3, 4])"],
-                            {"x": f"2, {channels}, 6, 7, 5", "w": f"24, {channels}, 3, 3, 3",
-                             "cb": "24", "g": "24", "b": "24"}, dtype)
+    problem = norm_mean_problem(tmp_path / "problem.py", f"2, {channels}, 6, 7, 5", 24, 2, dtype)
     graph = load_site_graph(problem)
     sources = [write_compiled(graph, schedule) for schedule, _ in compiled_drafts(graph)
                if schedule.library_layout == "gemm"][:2]

@@ -35,6 +35,18 @@ def write_problem(path: Path, conv: str, epilogue: list[str], shapes: dict[str, 
     return path
 
 
+def norm_mean_problem(path: Path, x: str, out_channels: int, groups: int,
+                      dtype: torch.dtype = torch.float32) -> Path:
+    """Level 2's 23 at the sizes given: a 3×3×3 convolution of `x` ("N, C, D, H, W"), a group
+    norm of its output, the mean of that a sample."""
+    channels = x.split(",")[1].strip()
+    return write_problem(
+        path, "torch.nn.functional.conv3d(x, w, cb)",
+        [f"torch.nn.functional.group_norm(v, {groups}, g, b)", "v.mean(dim=[1, 2, 3, 4])"],
+        {"x": x, "w": f"{out_channels}, {channels}, 3, 3, 3", "cb": str(out_channels),
+         "g": str(out_channels), "b": str(out_channels)}, dtype)
+
+
 def write(problem_path: Path, schedule: Schedule) -> str:
     return write_compiled(load_site_graph(problem_path), schedule)
 
@@ -196,11 +208,7 @@ def test_a_reduction_over_a_norms_output_writes_its_statistics_not_the_output(
 @pytest.mark.gpu
 def test_a_mean_over_a_conv_norms_output_is_accepted_on_gpu(tmp_path):
     # Level 2's 23 at a quarter of its batch.
-    path = write_problem(
-        tmp_path / "problem.py", "torch.nn.functional.conv3d(x, w, cb)",
-        ["torch.nn.functional.group_norm(v, 8, g, b)", "v.mean(dim=[1, 2, 3, 4])"],
-        {"x": "32, 3, 24, 32, 32", "w": "24, 3, 3, 3, 3", "cb": "24", "g": "24", "b": "24"},
-        torch.float32)
+    path = norm_mean_problem(tmp_path / "problem.py", "32, 3, 24, 32, 32", 24, 8)
     for draft in RulesGenerator().propose(path, None, 6, ("triton", "cuda")).children:
         verdict = evaluate(path, draft.source, EvalConfig(device="cuda"))
         assert verdict.correct, f"{draft.settings}: {verdict.reason}"

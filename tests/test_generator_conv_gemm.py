@@ -14,7 +14,7 @@ from generators.mutations import neighbours
 from generators.site_graph import Unsupported, load_site_graph
 from generators.triton.program import compiled_drafts, write_compiled
 from tests.kernel_checks import assert_matches, run_beside_problem
-from tests.test_generator_conv import write_problem
+from tests.test_generator_conv import norm_mean_problem, write_problem
 
 GEMM = Schedule(2, 32, 4, library_layout="gemm")
 CONVS = {
@@ -52,11 +52,7 @@ def test_the_implicit_gemm_matches_cudnns_convolution(name, dtype, tmp_path):
 
 def test_a_site_with_its_own_convolution_calls_no_library(tmp_path):
     # Level 2's 23 in small: the norm's statistics and the mean after Kiln's convolution.
-    path = write_problem(
-        tmp_path / "problem.py", "torch.nn.functional.conv3d(x, w, cb)",
-        ["torch.nn.functional.group_norm(v, 2, g, b)", "v.mean(dim=[1, 2, 3, 4])"],
-        {"x": "2, 3, 6, 7, 5", "w": "6, 3, 3, 3, 3", "cb": "6", "g": "6", "b": "6"},
-        torch.float32)
+    path = norm_mean_problem(tmp_path / "problem.py", "2, 3, 6, 7, 5", 6, 2)
     verdict = evaluate(path, write_compiled(load_site_graph(path), GEMM),
                        EvalConfig(device="cpu", time=False))
     assert verdict.correct, verdict.reason
