@@ -83,11 +83,11 @@ def test_grouped_and_transposed_convolutions_stay_cudnns(conv, weight, why, tmp_
     assert all(s.library_layout != "gemm" for s, _ in compiled_drafts(graph))
 
 
-def test_each_draft_is_followed_by_its_twins_then_a_search_moves_between_them(tmp_path):
+def test_no_draft_is_kilns_but_a_search_moves_there_from_a_channels_last_one(tmp_path):
     graph = load_site_graph(problem(tmp_path, "conv2d padded", ["torch.relu(v)"]))
     drafts = compiled_drafts(graph)
-    assert [s.library_layout for s, _ in drafts[:3]] == ["", "channels_last", "gemm"]
-    assert drafts[2][1].endswith("the convolution as Kiln's implicit GEMM")
+    assert [s.library_layout for s, _ in drafts[:2]] == ["", "channels_last"]
+    assert all(s.library_layout != "gemm" for s, _ in drafts)
     moves = {step.settings.library_layout: step.rationale
              for step in neighbours(drafts[1][0]) if step.knob == "library_layout"}
     assert set(moves) == {"", "gemm"}

@@ -3,6 +3,8 @@ inductor-compiled model, ordered with torch's own work on its current stream."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -12,7 +14,8 @@ from core.profile.sites import find_sites, write_site_folder
 from core.runtime.capture import capture
 from core.runtime.guarded import SiteKernel
 from core.runtime.install import install
-from generators.rules import RulesGenerator
+from generators.site_graph import load_site_graph
+from generators.triton.program import compiled_drafts, write_compiled
 from tests import models
 from tests.test_install import site_kernels
 
@@ -78,17 +81,18 @@ def test_triton_kernels_are_traced_and_launched_by_inductor(factory, tmp_path):
 
 
 def test_kilns_own_convolutions_are_traced_into_inductor(tmp_path):
-    """Each conv site's draft with Kiln's own convolution (`generators.triton.conv_gemm`): its
+    """Each conv site's first draft with Kiln's own convolution (`generators.triton.conv_gemm`): its
     launcher and kernel go into inductor's graph like any Triton kernel, and stay right."""
     model, inputs = on_gpu(models.make_resnet)
     kernels = []
     for site in find_sites(capture(model, inputs, CUDA), GpuPeaks()).sites:
         problem = write_site_folder(site, tmp_path, max_input_bytes=0) / "problem.py"
-        own = [d for d in RulesGenerator().propose(problem, None, 12).children
-               if d.settings.get("library_layout") == "gemm"]
-        if own:
-            kernels.append(SiteKernel(site.key, own[0].source, problem.read_text()))
-    assert kernels, "no conv site drafted Kiln's convolution"
+        graph = load_site_graph(problem)
+        if graph.family == "conv":
+            schedule = replace(compiled_drafts(graph)[0][0], library_layout="gemm")
+            kernels.append(SiteKernel(site.key, write_compiled(graph, schedule),
+                                      problem.read_text()))
+    assert kernels, "no conv site"
     torch._dynamo.reset()
     installed = install(model, kernels, rest="inductor")
     with torch.inference_mode():

@@ -84,11 +84,12 @@ def write_compiled(graph: SiteGraph, schedule: Schedule) -> str:
 def compiled_drafts(graph: SiteGraph) -> list[tuple[Schedule, str]]:
     """The schedules to try first (for the site's largest kernel); where the compiler cannot
     plan the site, one default whose writing says why. A site calling the vendor library
-    (a convolution) has each draft followed by its twins with the library's input
-    channels-last, which cuDNN convolved faster in each conv of the development set, and with
-    Kiln's own convolution (`generators.compiler.library`); the kernels after cuDNN's
-    channels-last output ranked no better so far, on the three sites timed (bench/NOTES.md,
-    2026-12-07, 12:47-)."""
+    (a convolution) has each draft followed by its twin with the library's input
+    channels-last, which cuDNN convolved faster in each conv of the development set
+    (`generators.compiler.library`); the kernels after it ranked no better so far, on the
+    three sites timed (bench/NOTES.md, 2026-12-07, 12:47-). Kiln's own convolution is no
+    draft: it ran 4-6 times slower than cuDNN on each of level 2's (bench/NOTES.md,
+    2026-12-07, 20:29-); a search reaches it one step from a channels-last draft."""
     try:
         program = program_of(graph)
     except Unsupported:
@@ -96,14 +97,10 @@ def compiled_drafts(graph: SiteGraph) -> list[tuple[Schedule, str]]:
     given = schedule_drafts(program)
     if not program.calls_library:
         return given
-    twins = []
-    for way, why in (("channels_last", "the convolution on channels-last input"),
-                     ("gemm", "the convolution as Kiln's implicit GEMM")):
-        try:
-            laid = schedule_drafts(program_of(graph, way))
-        except Unsupported:
-            continue
-        twins.append([(replace(schedule, library_layout=way), f"{why_first}; {why}")
-                      for schedule, why_first in laid])
-    return [draft for drafts in zip_longest(given, *twins) for draft in drafts
-            if draft is not None]
+    try:
+        laid = schedule_drafts(program_of(graph, "channels_last"))
+    except Unsupported:
+        return given
+    twins = [(replace(schedule, library_layout="channels_last"),
+              f"{why}; the convolution on channels-last input") for schedule, why in laid]
+    return [draft for pair in zip_longest(given, twins) for draft in pair if draft is not None]
