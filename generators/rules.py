@@ -31,7 +31,7 @@ from generators.triton.attention import AttentionConfig, attention_drafts, write
 from generators.triton.batch_norm import BatchNormConfig, write_batch_norm
 from generators.triton.group_norm import GroupNormConfig, write_group_norm
 from generators.triton.matmul import MatmulConfig, write_triton_matmul
-from generators.triton.matmul_anchor import pointwise_conv
+from generators.triton.matmul_anchor import is_anchor, pointwise_conv
 from generators.triton.program import compiled_drafts, write_compiled
 
 
@@ -88,8 +88,7 @@ def _batch_norm_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
 
 def _matmul_drafts(graph: SiteGraph) -> list[tuple[object, str]]:
     # The matmul's own output: a site may have a prologue, or return only its rows reduced.
-    out = next(op.out for op in graph.ops
-               if op.kind.value == "matmul" or pointwise_conv(graph, op))
+    out = next(op.out for op in graph.ops if is_anchor(graph, op))
     drafts = [(MatmulConfig(), "128×128×32 tiles, GROUP_M 8, 3 stages: a balanced start")]
     if out.dtype == torch.float32:
         drafts.insert(0, (MatmulConfig(num_warps=8, precision="tf32x3"),

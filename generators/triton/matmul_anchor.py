@@ -56,6 +56,11 @@ def pointwise_conv(graph: SiteGraph, op: Op) -> bool:
             and _arg(op, 6, "groups", 1) == 1)
 
 
+def is_anchor(graph: SiteGraph, op: Op) -> bool:
+    """Whether `op` is one the matmul kernel computes: a matmul, or a 1×1 convolution."""
+    return op.kind.value == "matmul" or pointwise_conv(graph, op)
+
+
 @dataclass
 class Anchor:
     """How forward brings the anchor's operands to [batch, M, K] @ [batch, K, N]."""

@@ -16,7 +16,7 @@ from core.runtime.tile_norms import row_norm_arguments
 from generators.codegen import op_refs
 from generators.site_graph import Op, Ref, SiteGraph, Unsupported
 from generators.triton.expressions import elementwise
-from generators.triton.matmul_anchor import pointwise_conv
+from generators.triton.matmul_anchor import is_anchor
 
 # The left operand's position in each anchor's arguments.
 LEFT = {"linear": 0, "mm": 0, "bmm": 0, "matmul": 0, "addmm": 1, "baddbmm": 1}
@@ -128,8 +128,7 @@ def _normalized(op: Op, prologue: Prologue, value: dict[Ref, str],
 def split(graph: SiteGraph) -> tuple[int, Op, Prologue | None]:
     """The anchor's index, the anchor with the carrier in place of a computed left operand, and
     the prologue (None when the site's ops start with the matmul)."""
-    top = next((i for i, op in enumerate(graph.ops)
-                if op.kind.value == "matmul" or pointwise_conv(graph, op)), None)
+    top = next((i for i, op in enumerate(graph.ops) if is_anchor(graph, op)), None)
     if top is None:
         raise Unsupported("the site has no matmul, nor a convolution that is one (a 1×1 kernel, "
                           "stride 1, no padding or dilation, one group)")
