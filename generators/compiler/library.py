@@ -75,7 +75,7 @@ def convolution_call(source: Input, weight: Input, arguments: tuple, layout: str
             raise Unsupported("Kiln's own convolution of a transposed or grouped one (cuDNN's)")
         if source.dtype not in (torch.float32, torch.float16, torch.bfloat16):
             raise Unsupported(f"Kiln's own convolution of {source.dtype}: it takes floats")
-        settings = ", ".join(_setting([int(v) for v in s]) for s in (stride, padding, dilation))
+        settings = ", ".join(_setting(s) for s in (stride, padding, dilation))
         # `_convolve` is defined beside the kernels (`generators.triton.conv_gemm`).
         return f"_convolve(in{source.index}, in{weight.index}, {settings})"
     name = _CALLS[(bool(transposed), dims)]

@@ -5,11 +5,13 @@ Each program computes a tile of BLOCK_M output channels × BLOCK_N output positi
 sample: the weight as a [channels out, channels in × kernel window] matrix, times the input's
 values gathered at each position's window (the padding read as zeros), accumulated in fp32 by
 tensor-core dots over the window in steps of BLOCK_K (fp32 as three TF32 products for short
-windows, one for long ones). It writes the output contiguous, as the
-planned kernels after it read it. cuDNN was far from both of its floors where a convolution has
-few input channels (level 2's 3-channel Conv3d took nine times what its output's bytes take:
-bench/NOTES.md, 2026-12-07, 18:06- and 20:29-); there a tile's window is a few steps of one dot.
-Grouped and transposed convolutions stay cuDNN's.
+windows, one for long ones). It writes the output contiguous, as the planned kernels after it
+read it. Grouped and transposed convolutions stay cuDNN's.
+
+It was written because cuDNN was far from both of its floors where a convolution has few input
+channels (level 2's 3-channel Conv3d took nine times what its output's bytes take). As it stands
+it is slower still: 4-6 times cuDNN's time on each of level 2's convolutions, so no draft uses
+it (bench/NOTES.md, 2026-12-07, 20:29-; bench/results/conv_gemm_h100.md).
 """
 
 from __future__ import annotations
