@@ -105,5 +105,43 @@ def test_kilns_own_convolutions_are_traced_into_inductor(tmp_path):
     assert kernel_calls(installed) >= len(kernels), installed.stats()
 
 
+class ConvNormMean(torch.nn.Module):
+    def __init__(self, dims: int) -> None:
+        super().__init__()
+        self.conv = (torch.nn.Conv3d if dims == 3 else torch.nn.Conv2d)(3, 8, 3)
+        self.norm = torch.nn.GroupNorm(4, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.conv(x)).mean(dim=1)
+
+
+@pytest.mark.parametrize(("dims", "layout"), [(3, "channels_last"), (2, ""), (2, "channels_last")])
+def test_a_traced_convolution_keeps_the_layout_its_kernel_was_judged_on(dims, layout, tmp_path):
+    """Inductor's layout optimization would convolve in strides of its own and copy the output
+    into those the kernel reads: the only kernels inductor adds are its copies of the inputs."""
+    model = ConvNormMean(dims).to(CUDA).eval()
+    inputs = (torch.randn((4, 3) + (12,) * dims, device=CUDA),)
+    site = next(s for s in find_sites(capture(model, inputs, CUDA), GpuPeaks()).sites
+                if s.family == "conv")
+    problem = write_site_folder(site, tmp_path, max_input_bytes=0) / "problem.py"
+    graph = load_site_graph(problem)
+    schedule = replace(compiled_drafts(graph)[0][0], library_layout=layout)
+    kernel = SiteKernel(site.key, write_compiled(graph, schedule), problem.read_text())
+    torch._dynamo.reset()
+    installed = install(model, [kernel], rest="inductor")
+    with torch.inference_mode():
+        expected = model(*inputs)
+        installed(*inputs)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            actual = installed(*inputs)
+            torch.cuda.synchronize()
+    comparison = compare_outputs(actual, expected, {torch.float32: ("tf32", 3e-4)})
+    assert comparison.mismatch is None, comparison.mismatch.message
+    assert installed.untraceable == {}, installed.untraceable
+    inductors = {e.name for e in prof.events() if e.name.startswith("triton_")}
+    assert all("clone" in name for name in inductors), sorted(inductors)
+    assert kernel_calls(installed) == 2, installed.stats()
+
+
 def kernel_calls(installed) -> int:
     return sum(n for call, n in installed.stats().items() if call.endswith(": kernel"))

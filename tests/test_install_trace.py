@@ -153,3 +153,42 @@ def test_the_modules_a_kernel_holds_are_traceable_copies_too(tmp_path):
     assert copy.epilogue is not kernel.epilogue
     assert not type(kernel.epilogue).__name__.startswith("Traced"), "the original was changed"
     assert traceable(kernel).epilogue.__class__ is copy.epilogue.__class__, "made twice"
+
+
+def layout_optimization_at_finish(model: torch.nn.Module, inputs: tuple,
+                                  kernels: list[SiteKernel]) -> list[bool]:
+    """Inductor's layout optimization setting each time the traced graph was compiled."""
+    from torch._inductor import config
+
+    calls: Counter[str] = Counter()
+    guarded = {k.key: load_guarded(k, calls) for k in kernels}
+    seen: list[bool] = []
+
+    def finish(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        seen.append(config.layout_optimization)
+        return gm
+
+    torch._dynamo.reset()
+    backend = tracing_backend(guarded, {key: site_op(g) for key, g in guarded.items()}, [],
+                              finish, calls, {}, on_gpu_only=False)
+    with torch.no_grad():
+        assert_close(torch.compile(model, backend=backend, dynamic=False)(*inputs),
+                     model(*inputs), "the traced graph")
+    return seen
+
+
+def test_a_graph_tracing_a_convolution_site_keeps_torchs_layouts(tmp_path):
+    """Inductor's layout optimization would give the kernel's convolution strides of its own
+    and copy its output back into those the kernel was judged on."""
+    model, inputs = models.make_cnn()
+    kernels = own_ops(site_kernels(model, inputs, tmp_path))
+    assert any(k.key.startswith("conv-") for k in kernels), [k.key for k in kernels]
+    assert layout_optimization_at_finish(model, inputs, kernels) == [False]
+
+
+def test_a_graph_tracing_no_convolution_site_is_compiled_as_torch_compile_would(tmp_path):
+    model, inputs = models.make_cnn()
+    kernels = [k for k in own_ops(site_kernels(model, inputs, tmp_path))
+               if not k.key.startswith("conv-")]
+    assert kernels, "the fixture has no site but its convolutions"
+    assert layout_optimization_at_finish(model, inputs, kernels) == [True]

@@ -147,6 +147,25 @@ def _site_for(guarded: dict[str, GuardedKernel], kernels: dict[str, nn.Module],
     return sites[-1]
 
 
+def keeping_layouts(finish: Finish, sites: list[TracedSite]) -> Finish:
+    """`finish` with inductor's layout optimization off where a traced kernel's site holds a
+    convolution. The optimization gives convolutions strides of its own, apart from the graph's:
+    channels-last in 2-D, and in 3-D the input's conversion to channels-last undone. A kernel
+    judged on torch's strides then reads a copy into them, one more pass over the convolution's
+    output (bench/NOTES.md, 2026-12-07, 23:31-). A graph without such a site is compiled as
+    torch.compile would."""
+
+    def finish_keeping_layouts(gm: fx.GraphModule, example_inputs: list) -> Callable[..., object]:
+        if not any(site.key.split("-")[0] == "conv" for site in sites):
+            return finish(gm, example_inputs)
+        from torch._inductor import config
+
+        with config.patch(layout_optimization=False):
+            return finish(gm, example_inputs)
+
+    return finish_keeping_layouts
+
+
 def tracing_backend(guarded: dict[str, GuardedKernel], ops: dict[str, Callable],
                     replaced: list[str], finish: Finish, calls: Counter[str],
                     untraceable: dict[str, str], on_gpu_only: bool = True
@@ -169,7 +188,8 @@ def tracing_backend(guarded: dict[str, GuardedKernel], ops: dict[str, Callable],
             lookup = functools.partial(_site_for, guarded, kernels, ops, sites, per_run,
                                        untraceable, on_gpu or not on_gpu_only)
             try:
-                compiled = stitching_backend(lookup, used, finish)(gm, example_inputs)
+                compiled = stitching_backend(lookup, used, keeping_layouts(finish, sites))(
+                    gm, example_inputs)
                 break
             except Exception as err:
                 if not sites:
