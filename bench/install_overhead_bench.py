@@ -2,13 +2,17 @@
 
     python -m bench.install_overhead_bench torchvision:resnet50 [--dtype bf16] [--batch 32]
                                            [--family conv] [--sites 1,all] [--rules]
+                                           [--drafts N] [--dtype fp32]
 
 A site whose kernel is its own ops (the site problem's `Model` as the `ModelNew`) gives the
 model nothing to gain, so whatever it loses against `torch.compile` is the price of the
 boundary: the custom op inductor cannot fuse across, the layout it must hand over, the Python
 call. Rows: torch.compile, then the largest `--family` sites (by floor) replaced by their own
 ops, one count per `--sites` entry; `--rules` adds the same sites with the rules generator's
-first draft, called through the custom op and traced into inductor's graph (`core.runtime.inline`).
+first draft, called through the custom op and traced into inductor's graph (`core.runtime.inline`),
+and with `--drafts N` its next N-1 drafts too, traced (a convolution site's second draft is its
+channels-last twin): which of a site's kernels keeps its speed in the model, and where the
+time goes when one does not (a copy inductor adds, a lost fusion).
 Each row gives the median time (the evaluator's timing), the CPU time to enqueue one forward,
 the kernels the GPU ran per forward and their summed time (torch.profiler), and the kernel
 calls against fallbacks.
@@ -46,12 +50,14 @@ def own_ops(site: Site) -> SiteKernel:
     return SiteKernel(site.key, site.problem.source + PASSTHROUGH, site.problem.source)
 
 
-def rules_draft(site: Site, folder: Path) -> SiteKernel | None:
+def rules_drafts(site: Site, folder: Path, count: int) -> list[tuple[SiteKernel, str]]:
+    """The rules generator's first `count` Triton drafts for `site`, each with why it was made."""
     problem = folder / site.key / "problem.py"
     problem.parent.mkdir(parents=True, exist_ok=True)
     problem.write_text(site.problem.source)
-    drafts = RulesGenerator().propose(problem, None, 1, tiers=("triton",)).children
-    return SiteKernel(site.key, drafts[0].source, site.problem.source) if drafts else None
+    drafts = RulesGenerator().propose(problem, None, count, tiers=("triton",)).children
+    return [(SiteKernel(site.key, d.source, site.problem.source), d.rationale)
+            for d in drafts[:count]]
 
 
 def profile(run: object, inputs: list, device: torch.device
@@ -93,6 +99,8 @@ def main() -> None:
     parser.add_argument("--family", default="conv")
     parser.add_argument("--sites", default="1,all", help="site counts to replace")
     parser.add_argument("--rules", action="store_true", help="also the rules' first drafts")
+    parser.add_argument("--drafts", type=int, default=1,
+                        help="with --rules, each site's first N drafts, one row each")
     parser.add_argument("--device", default="cuda")
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -110,9 +118,15 @@ def main() -> None:
         chosen = sites if count == "all" else sites[:int(count)]
         variants = [("own ops", [own_ops(s) for s in chosen], None)]
         if args.rules:
-            drafts = [k for k in (rules_draft(s, folder) for s in chosen) if k is not None]
-            variants += [("rules draft, custom op", drafts, False),
-                         ("rules draft, traced", drafts, True)]
+            per_site = [rules_drafts(s, folder, args.drafts) for s in chosen]
+            first = [drafts[0][0] for drafts in per_site if drafts]
+            variants += [("rules draft, custom op", first, False),
+                         ("rules draft, traced", first, True)]
+            for index in range(1, args.drafts):
+                later = [drafts[index] for drafts in per_site if len(drafts) > index]
+                why = f" ({later[0][1]})" if len(later) == 1 else ""
+                variants.append((f"rules draft {index + 1}, traced{why}",
+                                 [kernel for kernel, _ in later], True))
         for label, kernels, trace in variants:
             calls: Counter[str] = Counter()
             torch._dynamo.reset()
