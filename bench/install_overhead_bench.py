@@ -2,7 +2,7 @@
 
     python -m bench.install_overhead_bench torchvision:resnet50 [--dtype bf16] [--batch 32]
                                            [--family conv] [--sites 1,all] [--rules]
-                                           [--drafts N] [--dtype fp32]
+                                           [--drafts N] [--dtype fp32] [--channels-last]
 
 A site whose kernel is its own ops (the site problem's `Model` as the `ModelNew`) gives the
 model nothing to gain, so whatever it loses against `torch.compile` is the price of the
@@ -12,7 +12,10 @@ ops, one count per `--sites` entry; `--rules` adds the same sites with the rules
 first draft, called through the custom op and traced into inductor's graph (`core.runtime.inline`),
 and with `--drafts N` its next N-1 drafts too, traced (a convolution site's second draft is its
 channels-last twin): which of a site's kernels keeps its speed in the model, and where the
-time goes when one does not (a copy inductor adds, a lost fusion).
+time goes when one does not (a copy inductor adds, a lost fusion). `--channels-last` captures,
+drafts and installs the model behind an entry that makes its 4-D inputs channels-last, as
+inductor's layout optimization does, so that every site is judged on the strides inductor
+would give it (the first row stays `torch.compile` of the model as given, the baseline).
 Each row gives the median time (the evaluator's timing), the CPU time to enqueue one forward,
 the kernels the GPU ran per forward and their summed time (torch.profiler), and the kernel
 calls against fallbacks.
@@ -48,6 +51,20 @@ PASSTHROUGH = "\n\nclass ModelNew(Model):\n    \"\"\"The site's own ops.\"\"\"\n
 
 def own_ops(site: Site) -> SiteKernel:
     return SiteKernel(site.key, site.problem.source + PASSTHROUGH, site.problem.source)
+
+
+class ChannelsLastEntry(torch.nn.Module):
+    """`model` with its 4-D floating-point inputs made channels-last first: cuDNN then returns
+    channels-last outputs, and the ops after them keep that layout."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args: object) -> object:
+        return self.model(*(a.contiguous(memory_format=torch.channels_last)
+                            if isinstance(a, torch.Tensor) and a.dim() == 4
+                            and a.is_floating_point() else a for a in args))
 
 
 def rules_drafts(site: Site, folder: Path, count: int) -> list[tuple[SiteKernel, str]]:
@@ -101,18 +118,23 @@ def main() -> None:
     parser.add_argument("--rules", action="store_true", help="also the rules' first drafts")
     parser.add_argument("--drafts", type=int, default=1,
                         help="with --rules, each site's first N drafts, one row each")
+    parser.add_argument("--channels-last", action="store_true",
+                        help="sites captured and installed behind a channels-last entry")
     parser.add_argument("--device", default="cuda")
     args = parser.parse_args()
     device = torch.device(args.device)
     loaded = load_model(args.model, device, args.dtype, shape=BuiltinShape(batch=args.batch))
-    model, inputs = loaded.model, loaded.inputs
+    original, inputs = loaded.model, loaded.inputs
+    model = ChannelsLastEntry(original) if args.channels_last else original
     table = find_sites(capture(model, inputs, device), GpuPeaks())
     # Largest by byte/FLOP floor over all calls: sites are not timed here.
     sites = sorted((s for s in table.sites if s.family == args.family),
                    key=lambda s: -s.floor_ms)
     input_sets = [list(fresh_like(inputs, seed)) for seed in (101, 102, 103)]
-    rows: list[tuple[str, object, Counter[str]]] = [("torch.compile", torch.compile(model),
+    rows: list[tuple[str, object, Counter[str]]] = [("torch.compile", torch.compile(original),
                                                       Counter())]
+    if args.channels_last:
+        rows.append(("torch.compile, channels-last entry", torch.compile(model), Counter()))
     folder = Path(tempfile.mkdtemp(prefix="kiln-install-overhead-"))
     for count in args.sites.split(","):
         chosen = sites if count == "all" else sites[:int(count)]
@@ -134,7 +156,8 @@ def main() -> None:
                          install(model, kernels, rest="inductor", calls=calls, trace=trace),
                          calls))
     where = torch.cuda.get_device_name() if device.type == "cuda" else "the CPU"
-    print(f"{args.model} {args.dtype} batch {args.batch} on {where}, "
+    entry = ", behind a channels-last entry" if args.channels_last else ""
+    print(f"{args.model} {args.dtype} batch {args.batch}{entry} on {where}, "
           f"torch {torch.__version__}; {len(sites)} {args.family} sites, largest first: "
           + ", ".join(f"{s.key} (floor {s.floor_ms:.4f} ms)" for s in sites[:3]))
     print("\n| model | ms | CPU µs / forward | kernels / forward | GPU kernel ms | kernel calls "
