@@ -24,6 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core.profile.gpu_peaks import device_peaks  # noqa: E402
+from generators.compiler.library import channels_last  # noqa: E402
 from generators.triton.conv_gemm import CONVOLVE_SOURCE  # noqa: E402
 
 
@@ -65,7 +66,7 @@ def row(conv: Conv, batch_scale: float, convolve, peaks) -> str:
     x = torch.randn(shape, device="cuda")
     w = torch.randn(conv.weight, device="cuda") * 0.1
     conv_call = {4: torch.nn.functional.conv2d, 5: torch.nn.functional.conv3d}[x.dim()]
-    last = {4: torch.channels_last, 5: torch.channels_last_3d}[x.dim()]
+    last = channels_last(x.dim())
     ones, zeros = [1] * (x.dim() - 2), [0] * (x.dim() - 2)
     reference = conv_call(x, w)
     error = ((convolve(x, w, ones, zeros, ones) - reference).abs().max()

@@ -2,7 +2,7 @@
 
     python -m bench.install_overhead_bench torchvision:resnet50 [--dtype bf16] [--batch 32]
                                            [--family conv] [--sites 1,all] [--rules]
-                                           [--drafts N] [--dtype fp32] [--channels-last]
+                                           [--drafts N] [--channels-last]
 
 A site whose kernel is its own ops (the site problem's `Model` as the `ModelNew`) gives the
 model nothing to gain, so whatever it loses against `torch.compile` is the price of the
